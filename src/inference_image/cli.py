@@ -1,0 +1,150 @@
+"""inference-image: the command line. Bad input ends in one line per problem and exit code 1."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import __version__, bench
+from .profiles import (
+    ProfileError,
+    ProfileErrors,
+    Resolved,
+    default_profiles_dir,
+    list_tiers,
+    resolve,
+)
+from .render import RenderError, render
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _pdir(args: argparse.Namespace) -> Path:
+    return Path(args.profiles_dir) if args.profiles_dir else default_profiles_dir()
+
+
+def _fail(errors: Sequence[ProfileError | str]) -> int:
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    rows = [["TIER", "GPU", "GPUS", "GIB/GPU", "DO SIZE", "$/GPU-HR", "FA3", "FP8", "MODEL",
+             "WEIGHTS", "SPEC", "INSTANCES x TP"]]
+    errors: list[ProfileError] = []
+    for tier in list_tiers(_pdir(args)):
+        try:
+            r = resolve(tier, _pdir(args))
+        except ProfileErrors as exc:
+            errors += exc.errors
+            continue
+        p = r.profile
+        spec = p.model.speculative
+        rows.append([
+            p.tier, p.hardware.gpu_model or "(cpu)", str(p.hardware.gpu_count),
+            f"{p.hardware.gpu_memory_gib:g}", p.digitalocean.size,
+            f"{p.digitalocean.price_per_gpu_hour:.2f}",
+            "yes" if r.fa3_available else "no", "yes" if r.fp8_available else "no",
+            p.model.target, p.model.quantization,
+            spec.method + (f" ({spec.draft})" if spec.draft else ""),
+            f"{p.serving.instances} x {p.serving.tensor_parallel_size}",
+        ])
+    print(_table(rows))
+    return _fail(errors) if errors else 0
+
+
+def _summary(r: Resolved) -> str:
+    if r.fit is None:
+        return f"cpu, {r.profile.serving.instances} instance(s)"
+    f = r.fit
+    return (f"{f.needed_gib:.1f} of {f.available_gib:.1f} GiB per GPU "
+            f"(weights {f.weights_gib:.1f}, draft {f.draft_gib:.1f}, KV {f.kv_gib:.1f})")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    pdir = _pdir(args)
+    tiers = list_tiers(pdir) if args.all or not args.tiers else args.tiers
+    errors: list[ProfileError] = []
+    for tier in tiers:
+        try:
+            r = resolve(tier, pdir, overrides=args.set)
+        except ProfileErrors as exc:
+            errors += exc.errors
+            continue
+        print(f"ok  {tier}: {_summary(r)}")
+    return _fail(errors) if errors else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    try:
+        r = resolve(args.profile, _pdir(args), overrides=args.set)
+        out = Path(args.out or f"build/{args.profile}")
+        written = render(r, out)
+    except ProfileErrors as exc:
+        return _fail(exc.errors)
+    except (RenderError, OSError) as exc:
+        return _fail([str(exc)])
+    print(f"rendered {args.profile} (profile sha256 {r.digest[:12]}) into {out}: "
+          f"{len(written)} files")
+    if args.verbose:
+        for rel in written:
+            print(f"  {rel}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="inference-image",
+        description="Build inference-optimized vLLM images per GPU tier.",
+    )
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    ap.add_argument("--profiles-dir", help="profile directory (default: the project's profiles/)")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    sp = sub.add_parser("profiles", help="table of GPU tiers")
+    sp.set_defaults(func=cmd_profiles)
+
+    sp = sub.add_parser("validate", help="check profiles (all by default)")
+    sp.add_argument("tiers", nargs="*", metavar="TIER")
+    sp.add_argument("--all", action="store_true", help="every tier in the profile directory")
+    sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="try an override, e.g. serving.max_num_seqs=128")
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("render", help="write everything the image needs for one tier")
+    sp.add_argument("--profile", required=True, metavar="TIER")
+    sp.add_argument("--out", help="output directory (default: build/TIER)")
+    sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override one profile field, e.g. model.speculative.method=none")
+    sp.add_argument("-v", "--verbose", action="store_true", help="list the files written")
+    sp.set_defaults(func=cmd_render)
+
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return ap
+
+
+# Later subcommands (verify, bench) register themselves here to keep this module small.
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [bench.register]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

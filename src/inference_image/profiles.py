@@ -1,0 +1,466 @@
+"""Load tier profiles (YAML with `extends:`), validate them, and explain every error.
+
+Every error names the file that set the offending value, the dotted field and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from . import memory
+from .schema import Catalog, CatalogModel, Profile
+
+CATALOG_FILE = "_catalog.yaml"
+
+
+def project_root() -> Path:
+    env = os.environ.get("INFERENCE_IMAGE_HOME")
+    if env:
+        return Path(env)
+    # src/inference_image/profiles.py -> repo root (the package is used from its checkout)
+    return Path(__file__).resolve().parents[2]
+
+
+def default_profiles_dir() -> Path:
+    return project_root() / "profiles"
+
+
+@dataclass(frozen=True)
+class ProfileError:
+    file: str
+    field: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}: {self.field}" if self.field else self.file
+        return f"{where}: {self.message}. Fix: {self.fix}"
+
+
+class ProfileErrors(Exception):
+    def __init__(self, errors: list[ProfileError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    index: int
+    port: int
+    gpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    profile: Profile
+    target: CatalogModel
+    draft: CatalogModel | None
+    files: tuple[str, ...]
+    instances: tuple[Instance, ...]
+    fit: memory.Fit | None
+    data: dict[str, Any] = field(repr=False)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.profile.hardware.gpu_count > 0
+
+    @property
+    def fa3_available(self) -> bool:
+        return fa3_available(self.profile.hardware.compute_capability)
+
+    @property
+    def fp8_available(self) -> bool:
+        return fp8_available(self.profile.hardware.compute_capability)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the resolved profile and the catalog entries it uses: the profile hash."""
+        blob = {"profile": self.data, "target": self.target.model_dump(mode="json")}
+        if self.draft is not None:
+            blob["draft"] = self.draft.model_dump(mode="json")
+        canon = json.dumps(blob, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _cc(cc: str | None) -> tuple[int, int]:
+    if not cc:
+        return (0, 0)
+    major, minor = cc.split(".")
+    return (int(major), int(minor))
+
+
+def fa3_available(cc: str | None) -> bool:
+    """FlashAttention 3 uses Hopper-only instructions (wgmma, TMA): compute capability 9.x."""
+    return _cc(cc)[0] == 9
+
+
+def fp8_available(cc: str | None) -> bool:
+    """FP8 tensor cores start with Ada (8.9) and Hopper (9.0)."""
+    return _cc(cc) >= (8, 9)
+
+
+def list_tiers(profiles_dir: Path) -> list[str]:
+    return sorted(p.stem for p in profiles_dir.glob("*.yaml") if not p.name.startswith("_"))
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ProfileErrors([ProfileError(_rel(path), "", "file not found", "check the path")]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        raise ProfileErrors(
+            [ProfileError(_rel(path), "", f"YAML syntax error at {where}", "fix the YAML syntax")]
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProfileErrors(
+            [ProfileError(_rel(path), "", "the file is not a mapping", "write `key: value` pairs")]
+        )
+    return data
+
+
+def _merge(
+    base: dict[str, Any], over: dict[str, Any], prov: dict[str, str], src: str, prefix: str = ""
+) -> dict[str, Any]:
+    """Deep-merge `over` into a copy of `base`: mappings merge, everything else (lists too) replaces."""
+    out = dict(base)
+    for key, val in over.items():
+        path = f"{prefix}{key}"
+        if isinstance(val, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], val, prov, src, path + ".")
+        else:
+            out[key] = val
+            prov[path] = src
+            if isinstance(val, dict):
+                _mark(val, prov, src, path + ".")
+    return out
+
+
+def _mark(d: dict[str, Any], prov: dict[str, str], src: str, prefix: str) -> None:
+    for key, val in d.items():
+        prov[f"{prefix}{key}"] = src
+        if isinstance(val, dict):
+            _mark(val, prov, src, f"{prefix}{key}.")
+
+
+def _load_chain(path: Path, prov: dict[str, str], chain: list[Path]) -> dict[str, Any]:
+    if path.resolve() in [c.resolve() for c in chain]:
+        raise ProfileErrors(
+            [ProfileError(_rel(path), "extends", "extends loops back to itself", "break the cycle")]
+        )
+    chain.append(path)
+    data = _read_yaml(path)
+    parent = data.pop("extends", None)
+    merged: dict[str, Any] = {}
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ProfileErrors(
+                [ProfileError(_rel(path), "extends", "must be a file name", "e.g. `extends: _gpu.yaml`")]
+            )
+        merged = _load_chain(path.parent / parent, prov, chain)
+    return _merge(merged, data, prov, _rel(path))
+
+
+def load_catalog(profiles_dir: Path) -> Catalog:
+    path = profiles_dir / CATALOG_FILE
+    data = _read_yaml(path)
+    try:
+        return Catalog.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileErrors(_pydantic_errors(exc, Catalog, {}, _rel(path))) from None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The valid field names of the (sub)model that loc points into."""
+    cur: Any = model
+    for part in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return None
+        info = cur.model_fields.get(str(part))
+        if info is None:
+            return None
+        ann = info.annotation
+        cur = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type)), ann)
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return None
+
+
+def _pydantic_errors(
+    exc: ValidationError, model: type[BaseModel], prov: dict[str, str], default_file: str
+) -> list[ProfileError]:
+    out = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        dotted = ".".join(str(p) for p in loc)
+        src = default_file
+        for i in range(len(loc), 0, -1):
+            key = ".".join(str(p) for p in loc[:i])
+            if key in prov:
+                src = prov[key]
+                break
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            valid = _fields_at(model, loc[:-1]) or []
+            out.append(ProfileError(src, dotted, "unknown field",
+                                    f"remove it or use one of: {', '.join(valid)}"))
+        elif kind == "missing":  # the tier file is where it must be added
+            out.append(ProfileError(default_file, dotted, "required field is missing",
+                                    "add it (see profiles/_base.yaml for an example)"))
+        else:
+            got = err.get("input")
+            shown = json.dumps(got) if isinstance(got, str | int | float | bool) else type(got).__name__
+            out.append(ProfileError(src, dotted, f"bad value {shown}: {err['msg']}",
+                                    "set a value of the right type and range"))
+    return out
+
+
+def _apply_overrides(data: dict[str, Any], overrides: list[str], prov: dict[str, str]) -> None:
+    """FIELD=VALUE pairs (VALUE parsed as YAML) from the command line, validated like the file."""
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        if not sep or not path:
+            raise ProfileErrors([ProfileError("--set", item, "not FIELD=VALUE",
+                                              "write e.g. --set serving.max_num_seqs=64")])
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        keys = path.split(".")
+        cur = data
+        for k in keys[:-1]:
+            nxt = cur.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ProfileErrors([ProfileError("--set", path, f"{k} is not a mapping",
+                                                  "override a field inside a mapping")])
+            cur = nxt
+        cur[keys[-1]] = value
+        prov[path] = "--set"
+
+
+def resolve(tier: str, profiles_dir: Path | None = None,
+            overrides: list[str] | None = None) -> Resolved:
+    """Load, merge and validate one tier. Raises ProfileErrors with every problem found."""
+    pdir = profiles_dir or default_profiles_dir()
+    tiers = list_tiers(pdir)
+    if tier not in tiers:
+        raise ProfileErrors([ProfileError(
+            _rel(pdir), "tier", f"unknown tier {tier!r}", f"use one of: {', '.join(tiers)}")])
+    path = pdir / f"{tier}.yaml"
+    prov: dict[str, str] = {}
+    data = _load_chain(path, prov, [])
+    _apply_overrides(data, overrides or [], prov)
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileErrors(_pydantic_errors(exc, Profile, prov, _rel(path))) from None
+    catalog = load_catalog(pdir)
+    errors = _check(profile, catalog, prov, _rel(path), _rel(pdir / CATALOG_FILE))
+    if profile.tier != tier:
+        errors.insert(0, ProfileError(prov.get("tier", _rel(path)), "tier",
+                                      f"says {profile.tier!r} but the file is {tier}.yaml",
+                                      f"set `tier: {tier}` or rename the file"))
+    if errors:
+        raise ProfileErrors(errors)
+    target = catalog.models[profile.model.target]
+    spec = profile.model.speculative
+    draft = catalog.models[spec.draft] if spec.draft else None
+    return Resolved(
+        profile=profile,
+        target=target,
+        draft=draft,
+        files=tuple(dict.fromkeys(prov.values())),
+        instances=_instances(profile),
+        fit=_fit(profile, target, draft) if profile.hardware.gpu_count else None,
+        data=profile.model_dump(mode="json"),
+    )
+
+
+def _instances(p: Profile) -> tuple[Instance, ...]:
+    s = p.serving
+    out = []
+    for i in range(s.instances):
+        if s.gpu_ids is not None:
+            gpus = tuple(s.gpu_ids[i])
+        elif p.hardware.gpu_count:
+            gpus = tuple(range(i * s.tensor_parallel_size, (i + 1) * s.tensor_parallel_size))
+        else:
+            gpus = ()
+        port = s.ports[i] if s.ports else s.base_port + i
+        out.append(Instance(name=f"vllm-{i}", index=i, port=port, gpu_ids=gpus))
+    return tuple(out)
+
+
+def _fit(p: Profile, target: CatalogModel, draft: CatalogModel | None) -> memory.Fit:
+    s = p.serving
+    return memory.gpu_fit(
+        target, draft,
+        quantization=p.model.quantization,
+        kv_dtype=p.model.kv_cache_dtype,
+        tp=s.tensor_parallel_size,
+        max_num_seqs=s.max_num_seqs,
+        max_model_len=s.max_model_len,
+        gpu_memory_gib=p.hardware.gpu_memory_gib,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        overhead_gib=s.runtime_overhead_gib,
+    )
+
+
+def _check(
+    p: Profile, catalog: Catalog, prov: dict[str, str], tier_file: str, catalog_file: str
+) -> list[ProfileError]:
+    errs: list[ProfileError] = []
+
+    def err(fld: str, msg: str, fix: str) -> None:
+        errs.append(ProfileError(prov.get(fld, tier_file), fld, msg, fix))
+
+    hw, s, m = p.hardware, p.serving, p.model
+    cc = hw.compute_capability
+    known = ", ".join(catalog.models)
+    target = catalog.models.get(m.target)
+    if target is None:
+        err("model.target", f"{m.target!r} is not in {catalog_file}", f"use one of: {known}")
+    spec = m.speculative
+    draft = None
+    if spec.method in ("draft_model", "eagle3"):
+        if spec.draft is None:
+            err("model.speculative.draft", f"method {spec.method} needs a draft model",
+                f"name one from {catalog_file}, or use method ngram or none")
+        elif spec.draft not in catalog.models:
+            err("model.speculative.draft", f"{spec.draft!r} is not in {catalog_file}",
+                f"use one of: {known}")
+        else:
+            draft = catalog.models[spec.draft]
+            if target and spec.method == "draft_model" and draft.vocab_size != target.vocab_size:
+                err("model.speculative.draft",
+                    f"draft vocabulary {draft.vocab_size} differs from target {target.vocab_size}",
+                    "pick a draft from the target's model family")
+    elif spec.draft is not None:
+        err("model.speculative.draft", f"method {spec.method} uses no draft model",
+            "remove the draft or set method: draft_model or eagle3")
+
+    if hw.gpu_count == 0:
+        if s.tensor_parallel_size != 1:
+            err("serving.tensor_parallel_size", "the cpu tier has no GPUs to split over", "set 1")
+        if hw.compute_capability or hw.gpu_model:
+            err("hardware.gpu_count", "0 GPUs but a GPU model or compute capability is set",
+                "set gpu_count or drop gpu_model/compute_capability")
+        if s.cpu_kv_cache_gib is None:
+            err("serving.cpu_kv_cache_gib", "the cpu tier needs a KV cache size",
+                "set serving.cpu_kv_cache_gib (GiB of host memory per instance)")
+        if m.quantization != "none":
+            err("model.quantization", "FP8 weights need a GPU with compute capability >= 8.9",
+                "set model.quantization: none on the cpu tier")
+    else:
+        if not hw.gpu_model or not cc:
+            err("hardware.compute_capability", "a GPU tier needs gpu_model and compute_capability",
+                "set both, e.g. 'NVIDIA H100 80GB HBM3' and '9.0'")
+        used = s.instances * s.tensor_parallel_size
+        if used != hw.gpu_count:
+            err("serving.instances",
+                f"instances ({s.instances}) x tensor_parallel_size ({s.tensor_parallel_size}) = "
+                f"{used} GPUs but hardware.gpu_count is {hw.gpu_count}",
+                f"make instances x tensor_parallel_size equal {hw.gpu_count}")
+        if m.quantization != "none" and not fp8_available(cc):
+            err("model.quantization", f"FP8 needs compute capability >= 8.9; {hw.gpu_model} is {cc}",
+                "set model.quantization: none")
+        if m.kv_cache_dtype == "fp8" and not fp8_available(cc):
+            err("model.kv_cache_dtype", f"FP8 KV cache needs compute capability >= 8.9, this is {cc}",
+                "set model.kv_cache_dtype: auto")
+    if s.flash_attention_3 and not fa3_available(cc):
+        err("serving.flash_attention_3",
+            f"FlashAttention 3 runs on Hopper (compute capability 9.x) only; "
+            f"{hw.gpu_model or 'the cpu tier'} is {cc or 'no GPU'}",
+            "set serving.flash_attention_3: false (vLLM picks FlashAttention 2 or its own kernels)")
+    if target and m.quantization == "fp8-checkpoint" and not target.fp8_hub_id:
+        err("model.quantization", f"{m.target} has no fp8_hub_id in {catalog_file}",
+            "use quantization: fp8 (online) or add the FP8 checkpoint to the catalog")
+
+    if s.gpu_ids is not None:
+        if len(s.gpu_ids) != s.instances:
+            err("serving.gpu_ids", f"{len(s.gpu_ids)} entries for {s.instances} instances",
+                "give one list of GPU ids per instance")
+        flat = [g for ids in s.gpu_ids for g in ids]
+        if any(len(ids) != s.tensor_parallel_size for ids in s.gpu_ids):
+            err("serving.gpu_ids", f"each instance needs {s.tensor_parallel_size} GPU ids (TP)",
+                "give tensor_parallel_size ids per instance")
+        if len(set(flat)) != len(flat):
+            err("serving.gpu_ids", "a GPU is given to two instances", "use each GPU id once")
+        if any(g < 0 or g >= hw.gpu_count for g in flat):
+            err("serving.gpu_ids", f"ids must be 0..{hw.gpu_count - 1}", "use existing GPU ids")
+    if s.ports is not None and len(s.ports) != s.instances:
+        err("serving.ports", f"{len(s.ports)} ports for {s.instances} instances",
+            "give one port per instance, or drop ports to use base_port + index")
+
+    ports: dict[int, str] = {}
+    inst_ports = s.ports or [s.base_port + i for i in range(s.instances)]
+    named = [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
+    named += [("router.port", p.router.port), ("router.metrics_port", p.router.metrics_port)]
+    for what, port in named:
+        if port in ports:
+            fld = "serving.ports" if what.startswith("serving") and s.ports else (
+                "serving.base_port" if what.startswith("serving") else what)
+            err(fld, f"port {port} is used by both {ports[port]} and {what}",
+                "give every instance, the router and its metrics a port of their own")
+        else:
+            ports[port] = what
+
+    if target:
+        if s.max_model_len > target.max_position_embeddings:
+            err("serving.max_model_len",
+                f"{s.max_model_len} exceeds {m.target}'s {target.max_position_embeddings} positions",
+                f"set at most {target.max_position_embeddings}")
+        tp = s.tensor_parallel_size
+        if target.num_attention_heads % tp:
+            err("serving.tensor_parallel_size",
+                f"{target.num_attention_heads} attention heads do not split over TP={tp}",
+                "use a TP that divides the head count")
+        if not s.chunked_prefill and (s.max_num_batched_tokens or 0) < s.max_model_len:
+            err("serving.max_num_batched_tokens",
+                "without chunked prefill a whole prompt must fit one batch",
+                f"set max_num_batched_tokens >= max_model_len ({s.max_model_len})")
+        if hw.gpu_count and not errs:
+            fit = _fit(p, target, draft)
+            if fit.short_gib > 0:
+                room = fit.available_gib - fit.weights_gib - fit.draft_gib - fit.overhead_gib
+                seqs = int(room * memory.GIB // (s.max_model_len * fit.kv_per_token)) if room > 0 else 0
+                fix = (f"lower serving.max_num_seqs to {seqs} or max_model_len, use "
+                       "kv_cache_dtype fp8 / FP8 weights, or more tensor parallelism" if seqs
+                       else "the weights alone do not fit: use FP8 weights, a smaller model or "
+                       "more tensor parallelism")
+                err("serving.max_num_seqs",
+                    f"{m.target} does not fit one GPU by {fit.short_gib:.1f} GiB: needs "
+                    f"{fit.needed_gib:.1f} GiB (weights {fit.weights_gib:.1f} + draft "
+                    f"{fit.draft_gib:.1f} + KV {fit.kv_gib:.1f} for {s.max_num_seqs} seqs x "
+                    f"{s.max_model_len} tokens + overhead {fit.overhead_gib:.1f}) of "
+                    f"{fit.available_gib:.1f} GiB ({hw.gpu_memory_gib} GiB x "
+                    f"gpu_memory_utilization {s.gpu_memory_utilization})", fix)
+        if hw.gpu_count == 0 and s.cpu_kv_cache_gib:
+            need = s.max_num_seqs * s.max_model_len * memory.kv_bytes_per_token(
+                target, m.kv_cache_dtype, 1) / memory.GIB
+            if need > s.cpu_kv_cache_gib:
+                err("serving.max_num_seqs",
+                    f"KV for {s.max_num_seqs} seqs x {s.max_model_len} tokens needs {need:.2f} GiB, "
+                    f"more than cpu_kv_cache_gib {s.cpu_kv_cache_gib} by {need - s.cpu_kv_cache_gib:.2f}",
+                    "lower max_num_seqs or max_model_len, or raise cpu_kv_cache_gib")
+    return errs

@@ -1,0 +1,289 @@
+"""Turn one resolved profile into the files the roles install, byte-identical for the same input.
+
+Output mirrors target paths (etc/, usr/) plus ansible/ and packer/ inputs for the build itself.
+The render is written to a temporary sibling and swapped in, so a failure leaves nothing half-built.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .profiles import Instance, Resolved, project_root
+
+MARKER = ".inference-image-render"
+
+# Where things live on the image. One place, so roles, units and tests agree.
+PATHS = {
+    "etc": "/etc/inference-image",
+    "units": "/etc/inference-image/units",
+    "api_key": "/etc/inference-image/api-key",
+    "models": "/var/lib/inference-image/models",
+    "cache": "/var/cache/inference-image",
+    "vllm_venv": "/opt/vllm",
+    "router_venv": "/opt/vllm-router",
+    "runner": "/usr/local/bin/inference-run",
+    "firstboot": "/usr/local/sbin/inference-firstboot",
+}
+SERVICE_USER = "inference"
+
+
+class RenderError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    env: dict[str, str]
+    argv: list[str]
+
+
+def model_path(name: str) -> str:
+    return f"{PATHS['models']}/{name}"
+
+
+def served_model_name(r: Resolved) -> str:
+    return r.profile.model.target
+
+
+def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
+    """The full vLLM command line of one instance. ${VAR} is expanded by inference-run."""
+    _p, s, m = r.profile, r.profile.serving, r.profile.model
+    argv = ["${VLLM_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
+            "--model", "${MODEL_PATH}",
+            "--served-model-name", served_model_name(r),
+            "--host", "127.0.0.1", "--port", str(inst.port),
+            "--max-num-seqs", str(s.max_num_seqs),
+            "--max-model-len", str(s.max_model_len)]
+    if r.target.local_config:
+        argv += ["--load-format", "dummy"]  # test model: real shapes, random weights
+    if r.is_gpu:
+        argv += ["--tensor-parallel-size", str(s.tensor_parallel_size),
+                 "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    if s.max_num_batched_tokens:
+        argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    if m.dtype != "auto":
+        argv += ["--dtype", m.dtype]
+    if m.quantization == "fp8":
+        argv += ["--quantization", "fp8"]  # fp8-checkpoint: vLLM reads the checkpoint's config
+    if m.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", m.kv_cache_dtype]
+    argv.append("--enable-prefix-caching" if s.prefix_caching else "--no-enable-prefix-caching")
+    argv.append("--enable-chunked-prefill" if s.chunked_prefill else "--no-enable-chunked-prefill")
+    if s.flash_attention_3:
+        argv += ["--attention-backend", "FLASH_ATTN",
+                 "--attention-config", json.dumps({"flash_attn_version": 3}, separators=(",", ":"))]
+    if s.cudagraph_capture_size:
+        argv += ["--compilation-config",
+                 json.dumps({"max_cudagraph_capture_size": s.cudagraph_capture_size},
+                            separators=(",", ":"))]
+    if s.linear_backend != "auto":
+        argv += ["--linear-backend", s.linear_backend]
+    spec = m.speculative
+    if spec.method != "none":
+        cfg: dict[str, Any] = {"method": spec.method,
+                               "num_speculative_tokens": spec.num_speculative_tokens}
+        if spec.method == "ngram":
+            cfg["prompt_lookup_max"] = spec.prompt_lookup_max
+        else:
+            cfg["model"] = "${DRAFT_PATH}"
+            if s.tensor_parallel_size > 1:
+                cfg["draft_tensor_parallel_size"] = 1
+        argv += ["--speculative-config", json.dumps(cfg, sort_keys=True, separators=(",", ":"))]
+    argv += list(s.extra_args)
+    return argv
+
+
+def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
+    p = r.profile
+    weights = r.target.fp8_hub_id if p.model.quantization == "fp8-checkpoint" else r.target.hub_id
+    env = {
+        "INFERENCE_UNIT": inst.name,
+        "VLLM_PYTHON": f"{PATHS['vllm_venv']}/bin/python",
+        "MODEL_PATH": model_path(p.model.target),
+        "MODEL_SOURCE": weights or "local-config",
+        "VLLM_CACHE_ROOT": f"{PATHS['cache']}/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": f"{PATHS['cache']}/inductor",
+        "TRITON_CACHE_DIR": f"{PATHS['cache']}/triton",
+        "TMPDIR": f"{PATHS['cache']}/tmp",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if p.model.speculative.draft:
+        env["DRAFT_PATH"] = model_path(p.model.speculative.draft)
+    if r.is_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
+        if p.hardware.nvswitch:
+            env["NCCL_NVLS_ENABLE"] = "0"  # multicast needs fabric manager state we cannot verify
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
+        # inference-run turns this slice into a VLLM_CPU_OMP_THREADS_BIND core range at start,
+        # because the core count is a fact of the machine that boots, not of the build.
+        env["INFERENCE_CPU_SLICE"] = f"{inst.index}/{p.serving.instances}"
+    return env
+
+
+def router_argv(r: Resolved) -> list[str]:
+    rt = r.profile.router
+    argv = ["${ROUTER_BIN}", "--host", rt.bind, "--port", str(rt.port),
+            "--policy", rt.policy, "--worker-urls"]
+    argv += [f"http://127.0.0.1:{i.port}" for i in r.instances]
+    argv += ["--api-key", "${INFERENCE_API_KEY}",
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt.metrics_port),
+             "--health-check-endpoint", "/health",
+             "--health-check-interval-secs", str(rt.health_check_interval_secs),
+             "--worker-startup-timeout-secs", "1800",
+             "--log-level", "info"]
+    return argv
+
+
+def router_env(r: Resolved) -> dict[str, str]:
+    return {
+        "INFERENCE_UNIT": "router",
+        "ROUTER_BIN": f"{PATHS['router_venv']}/bin/vllm-router",
+        "INFERENCE_API_KEY_FILE": PATHS["api_key"],
+    }
+
+
+def units(r: Resolved) -> list[Unit]:
+    out = [Unit(i.name, vllm_env(r, i), vllm_argv(r, i)) for i in r.instances]
+    out.append(Unit("router", router_env(r), router_argv(r)))
+    return out
+
+
+def models_list(r: Resolved) -> list[dict[str, Any]]:
+    p = r.profile
+    names = [p.model.target] + ([p.model.speculative.draft] if p.model.speculative.draft else [])
+    out = []
+    for name, m in zip(names, [r.target, r.draft], strict=False):
+        assert m is not None
+        fp8 = name == p.model.target and p.model.quantization == "fp8-checkpoint"
+        out.append({
+            "name": name,
+            "hub_id": m.fp8_hub_id if fp8 else m.hub_id,
+            "revision": m.revision,
+            "path": model_path(name),
+            "local_config": m.local_config,
+        })
+    return out
+
+
+def profile_document(r: Resolved) -> dict[str, Any]:
+    """What the image knows about itself (/etc/inference-image/profile.json): verify and bench
+    read it, and version-info reports it."""
+    p = r.profile
+    return {
+        "tier": p.tier,
+        "profile_sha256": r.digest,
+        "profile": r.data,
+        "served_model_name": served_model_name(r),
+        "models": models_list(r),
+        "instances": [{"name": i.name, "port": i.port, "gpu_ids": list(i.gpu_ids)}
+                      for i in r.instances],
+        "router": {"port": p.router.port, "metrics_port": p.router.metrics_port},
+        "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
+        "paths": PATHS,
+        "service_user": SERVICE_USER,
+    }
+
+
+def ansible_vars(r: Resolved) -> dict[str, Any]:
+    p, v = r.profile, r.profile.versions
+    return {
+        "inference_tier": p.tier,
+        "inference_profile_sha256": r.digest,
+        "inference_units": [u.name for u in units(r)],
+        "inference_instances": [i.name for i in r.instances],
+        "inference_router_port": p.router.port,
+        "inference_metrics_port": p.router.metrics_port,
+        "inference_instance_ports": [i.port for i in r.instances],
+        "inference_service_user": SERVICE_USER,
+        "inference_paths": PATHS,
+        "nvidia_driver_enabled": r.is_gpu,
+        "nvidia_driver_branch": v.driver_branch or "",
+        "nvidia_driver_fabric_manager": p.hardware.nvswitch,
+        "vllm_package": v.vllm_package,
+        "vllm_version": v.vllm,
+        "vllm_torch_version": v.torch or "",
+        "vllm_check_fa3": p.serving.flash_attention_3,
+        "vllm_router_version": v.vllm_router,
+        "models_list": models_list(r),
+        "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
+    }
+
+
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(project_root() / "templates")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["tojson_sorted"] = lambda v: json.dumps(v, sort_keys=True, indent=2)
+    return env
+
+
+def files(r: Resolved) -> dict[str, tuple[str, int]]:
+    """relative path -> (content, mode)."""
+    env = _jinja()
+    ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
+           "digest": r.digest}
+    out: dict[str, tuple[str, int]] = {}
+
+    def tpl(src: str, dst: str, mode: int = 0o644, **extra: Any) -> None:
+        out[dst] = (env.get_template(src).render(**ctx, **extra), mode)
+
+    for u in units(r):
+        tpl("etc/inference-image/units/unit.env.j2", f"etc/inference-image/units/{u.name}.env", u=u)
+        tpl("etc/inference-image/units/unit.args.j2", f"etc/inference-image/units/{u.name}.args",
+            u=u)
+    for name in ("vllm@.service", "vllm-router.service", "inference.target",
+                 "inference-firstboot.service"):
+        tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
+    tpl("etc/cloud/cloud.cfg.d/90-inference-image.cfg.j2",
+        "etc/cloud/cloud.cfg.d/90-inference-image.cfg")
+    tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
+    tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
+    tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
+    out["etc/inference-image/profile.json"] = (
+        json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)
+    out["ansible/extra-vars.json"] = (json.dumps(ansible_vars(r), sort_keys=True, indent=2) + "\n",
+                                      0o644)
+    return out
+
+
+def render(r: Resolved, out_dir: Path) -> list[str]:
+    """Write every file under out_dir. Returns the relative paths written."""
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
+        raise RenderError(f"{out_dir} exists and is not a render output; refusing to overwrite it. "
+                          "Fix: pass an empty or new --out directory")
+    content = files(r)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for rel, (text, mode) in sorted(content.items()):
+            dst = tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(text)
+            dst.chmod(mode)
+        (tmp / MARKER).write_text(f"{r.profile.tier} {r.digest}\n")
+        tmp.chmod(0o755)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(content)

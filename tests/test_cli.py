@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ROOT, edit
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inference_image.cli", *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def test_profiles_table():
+    r = cli("profiles")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["TIER", "GPU", "GPUS"]
+    rows = {ln.split()[0]: ln for ln in lines[2:]}
+    assert set(rows) == {"cpu", "h100", "h100x8", "h200", "l40s", "rtx4000ada", "rtx6000ada"}
+    assert "gpu-h100x8-640gb" in rows["h100x8"] and rows["h100x8"].rstrip().endswith("4 x 2")
+    assert " yes  yes " in rows["h200"] and " no   yes " in rows["l40s"]
+
+
+def test_validate_all_ok():
+    r = cli("validate", "--all")
+    assert r.returncode == 0 and r.stdout.count("ok  ") == 7
+
+
+def test_validate_bad_profile_exits_1_with_one_line_per_error(pdir):
+    edit(pdir / "h100.yaml", "  instances: 1", "  instances: 2")
+    r = cli("--profiles-dir", str(pdir), "validate", "h100", "cpu")
+    assert r.returncode == 1
+    assert "ok  cpu" in r.stdout
+    assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert "serving.instances" in r.stderr and "Fix:" in r.stderr
+
+
+def test_unknown_tier_render():
+    r = cli("render", "--profile", "h300")
+    assert r.returncode == 1 and "unknown tier 'h300'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_render_writes_files(tmp_path):
+    r = cli("render", "--profile", "cpu", "--out", str(tmp_path / "cpu"), "-v")
+    assert r.returncode == 0, r.stderr
+    assert "etc/systemd/system/vllm@.service" in r.stdout
+    assert (tmp_path / "cpu/packer/cpu.pkrvars.hcl").exists()

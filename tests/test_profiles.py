@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, edit
+
+from inference_image.profiles import ProfileErrors, list_tiers, resolve
+
+TIERS = ["cpu", "h100", "h100x8", "h200", "l40s", "rtx4000ada", "rtx6000ada"]
+
+
+def errors_of(tier: str, pdir: Path, **kw) -> list[str]:
+    with pytest.raises(ProfileErrors) as exc:
+        resolve(tier, pdir, **kw)
+    return [str(e) for e in exc.value.errors]
+
+
+def test_every_shipped_tier_is_valid():
+    assert list_tiers(ROOT / "profiles") == TIERS
+    for tier in TIERS:
+        r = resolve(tier, ROOT / "profiles")
+        assert r.profile.tier == tier
+
+
+def test_derived_capabilities():
+    h100, l40s, cpu = (resolve(t, ROOT / "profiles") for t in ("h100", "l40s", "cpu"))
+    assert (h100.fa3_available, h100.fp8_available) == (True, True)
+    assert (l40s.fa3_available, l40s.fp8_available) == (False, True)
+    assert (cpu.fa3_available, cpu.fp8_available) == (False, False)
+
+
+def test_h100x8_is_four_instances_at_tp2_on_disjoint_gpus():
+    r = resolve("h100x8", ROOT / "profiles")
+    assert [i.gpu_ids for i in r.instances] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [i.port for i in r.instances] == [8100, 8101, 8102, 8103]
+
+
+def test_extends_merges_base_values_and_tier_wins():
+    r = resolve("h100", ROOT / "profiles")
+    assert r.profile.router.port == 8000  # from _base.yaml
+    assert r.profile.versions.vllm == "0.26.0"  # from _gpu.yaml
+    assert r.profile.model.kv_cache_dtype == "fp8"
+    assert r.files[0].endswith("_base.yaml") and r.files[-1].endswith("h100.yaml")
+
+
+def test_unknown_tier_lists_valid_ones(pdir):
+    (err,) = errors_of("h300", pdir)
+    assert "unknown tier 'h300'" in err
+    assert "use one of: cpu, h100, h100x8, h200, l40s, rtx4000ada, rtx6000ada" in err
+
+
+def test_unknown_field_names_file_field_and_valid_fields(pdir):
+    edit(pdir / "h100.yaml", "  max_num_seqs: 96", "  max_num_seq: 96")
+    errs = errors_of("h100", pdir)
+    assert any(e.startswith(f"{pdir / 'h100.yaml'}: serving.max_num_seq: unknown field")
+               and "max_num_seqs" in e for e in errs), errs
+
+
+def test_error_in_base_file_names_the_base_file(pdir):
+    edit(pdir / "_base.yaml", "  policy: cache_aware", "  policy: fastest")
+    errs = errors_of("cpu", pdir)
+    assert any(e.startswith(f"{pdir / '_base.yaml'}: router.policy: bad value \"fastest\"")
+               for e in errs), errs
+
+
+def test_instances_times_tp_must_equal_gpu_count(pdir):
+    edit(pdir / "h100x8.yaml", "  instances: 4", "  instances: 3")
+    (err,) = errors_of("h100x8", pdir)
+    assert "serving.instances: instances (3) x tensor_parallel_size (2) = 6 GPUs but " \
+           "hardware.gpu_count is 8" in err
+    assert "Fix: make instances x tensor_parallel_size equal 8" in err
+
+
+def test_fa3_on_ada_is_refused(pdir):
+    edit(pdir / "l40s.yaml", "  max_num_seqs: 40", "  max_num_seqs: 40\n  flash_attention_3: true")
+    (err,) = errors_of("l40s", pdir)
+    assert "serving.flash_attention_3: FlashAttention 3 runs on Hopper" in err
+    assert "NVIDIA L40S is 8.9" in err and "Fix: set serving.flash_attention_3: false" in err
+
+
+def test_fp8_below_compute_capability_8_9_is_refused(pdir):
+    a100 = (pdir / "l40s.yaml").read_text().replace("tier: l40s", "tier: a100").replace(
+        'compute_capability: "8.9"', 'compute_capability: "8.0"').replace(
+        "gpu_model: NVIDIA L40S", "gpu_model: NVIDIA A100-SXM4-80GB")
+    (pdir / "a100.yaml").write_text(a100)
+    errs = errors_of("a100", pdir)
+    assert any("model.quantization: FP8 needs compute capability >= 8.9; "
+               "NVIDIA A100-SXM4-80GB is 8.0" in e for e in errs), errs
+    assert any("model.kv_cache_dtype: FP8 KV cache needs compute capability >= 8.9" in e
+               for e in errs), errs
+
+
+def test_model_that_does_not_fit_says_by_how_much(pdir):
+    edit(pdir / "rtx4000ada.yaml", "  max_num_seqs: 24", "  max_num_seqs: 64")
+    (err,) = errors_of("rtx4000ada", pdir)
+    assert "llama-3.1-8b-instruct does not fit one GPU by 8.1 GiB" in err
+    assert "KV 16.0 for 64 seqs x 4096 tokens" in err
+    assert "Fix: lower serving.max_num_seqs to 31" in err
+
+
+def test_weights_alone_too_big(pdir):
+    edit(pdir / "rtx4000ada.yaml", "  target: llama-3.1-8b-instruct", "  target: llama-3.3-70b-instruct")
+    (err,) = errors_of("rtx4000ada", pdir)
+    assert "the weights alone do not fit" in err
+
+
+def test_duplicate_ports(pdir):
+    edit(pdir / "cpu.yaml", "  instances: 2", "  instances: 2\n  ports: [8100, 8100]")
+    (err,) = errors_of("cpu", pdir)
+    assert "serving.ports: port 8100 is used by both serving instance vllm-0 and " \
+           "serving instance vllm-1" in err
+
+
+def test_instance_port_clashing_with_router(pdir):
+    edit(pdir / "cpu.yaml", "  instances: 2", "  instances: 2\n  base_port: 7999")
+    (err,) = errors_of("cpu", pdir)
+    assert "port 8000 is used by both serving instance vllm-1 and router.port" in err
+
+
+def test_yaml_syntax_error_is_one_line(pdir):
+    (pdir / "h100.yaml").write_text("tier: h100\nserving: [unclosed\n")
+    (err,) = errors_of("h100", pdir)
+    assert "YAML syntax error at line" in err and "Fix: fix the YAML syntax" in err
+
+
+def test_missing_required_field(pdir):
+    edit(pdir / "h200.yaml", "  max_model_len: 8192\n", "")
+    (err,) = errors_of("h200", pdir)
+    assert err.startswith(f"{pdir / 'h200.yaml'}: serving.max_model_len: required field is missing")
+
+
+def test_speculative_draft_rules(pdir):
+    edit(pdir / "h100.yaml", "    draft: llama-3.2-1b-instruct\n", "")
+    (err,) = errors_of("h100", pdir)
+    assert "model.speculative.draft: method draft_model needs a draft model" in err
+
+
+def test_overrides_are_validated_like_the_file():
+    errs = errors_of("h100", ROOT / "profiles", overrides=["serving.flash_attention_3=maybe"])
+    assert errs[0].startswith("--set: serving.flash_attention_3: bad value \"maybe\"")
+    r = resolve("h100", ROOT / "profiles", overrides=["serving.max_num_seqs=64"])
+    assert r.profile.serving.max_num_seqs == 64
+
+
+def test_every_error_is_reported_at_once(pdir):
+    edit(pdir / "l40s.yaml", "  max_num_seqs: 40",
+         "  max_num_seqs: 40\n  flash_attention_3: true\n  tensor_parallel_size: 2")
+    errs = errors_of("l40s", pdir)
+    assert len(errs) >= 2

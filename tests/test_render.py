@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, edit
+
+from inference_image.profiles import resolve
+from inference_image.render import RenderError, render
+
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def tree(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("tier", ["cpu", "h100", "h100x8"])
+def test_render_matches_golden(tier, tmp_path):
+    """Golden files: regenerate with `make golden` after an intended change, and review the diff."""
+    out = tmp_path / tier
+    render(resolve(tier, ROOT / "profiles"), out)
+    if os.environ.get("UPDATE_GOLDEN"):
+        subprocess.run(["rm", "-rf", str(GOLDEN / tier)], check=True)
+        subprocess.run(["cp", "-a", str(out), str(GOLDEN / tier)], check=True)
+    cmp = filecmp.dircmp(out, GOLDEN / tier)
+    assert tree(out) == tree(GOLDEN / tier), (cmp.diff_files, cmp.left_only, cmp.right_only)
+
+
+def test_render_is_deterministic(tmp_path):
+    r = resolve("h100x8", ROOT / "profiles")
+    render(r, tmp_path / "a")
+    render(resolve("h100x8", ROOT / "profiles"), tmp_path / "b")
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")
+    assert os.stat(tmp_path / "a/usr/local/bin/inference-run").st_mode & 0o777 == 0o755
+
+
+def test_rerender_replaces_previous_output(tmp_path):
+    render(resolve("h100", ROOT / "profiles"), tmp_path / "o")
+    render(resolve("cpu", ROOT / "profiles"), tmp_path / "o")
+    assert not (tmp_path / "o/etc/inference-image/units/vllm-1.env").read_text().count("CUDA")
+
+
+def test_refuses_to_overwrite_foreign_directory(tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o/notes.txt").write_text("mine")
+    with pytest.raises(RenderError, match="is not a render output"):
+        render(resolve("cpu", ROOT / "profiles"), tmp_path / "o")
+    assert (tmp_path / "o/notes.txt").read_text() == "mine"
+
+
+def test_bad_profile_leaves_nothing(pdir, tmp_path):
+    edit(pdir / "h100.yaml", "  instances: 1", "  instances: 2")
+    cmd = [sys.executable, "-m", "inference_image.cli", "--profiles-dir", str(pdir),
+           "render", "--profile", "h100", "--out", str(tmp_path / "o")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profiles"]  # no out dir, no temp dir
+
+
+def test_h100_instance_flags(tmp_path):
+    render(resolve("h100", ROOT / "profiles"), tmp_path)
+    args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
+    for flag, val in [("--quantization", "fp8"), ("--kv-cache-dtype", "fp8"),
+                      ("--attention-backend", "FLASH_ATTN"), ("--host", "127.0.0.1"),
+                      ("--attention-config", '{"flash_attn_version":3}')]:
+        assert args[args.index(flag) + 1] == val
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
+    env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+    assert "CUDA_VISIBLE_DEFVICES" not in env and "CUDA_VISIBLE_DEVICES=0\n" in env
+
+
+def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_flag(tmp_path):
+    render(resolve("h200", ROOT / "profiles"), tmp_path)
+    args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
+    assert "--quantization" not in args
+    xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
+    assert xv["models_list"][0]["hub_id"] == "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic"
+    assert xv["nvidia_driver_fabric_manager"] is False and xv["nvidia_driver_branch"] == "580"
+
+
+def run_unit(root: Path, unit: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(root), "INFERENCE_DRY_RUN": "1",
+            **env}
+    return subprocess.run(["bash", str(root / "usr/local/bin/inference-run"), unit], env=full,
+                          capture_output=True, text=True)
+
+
+def test_runner_expands_variables_and_caller_environment_wins(tmp_path):
+    render(resolve("h100", ROOT / "profiles"), tmp_path)
+    r = run_unit(tmp_path, "vllm-0", VLLM_PYTHON="python3", MODEL_PATH="/tmp/model",
+                 INFERENCE_EXTRA_ARGS="--load-format dummy --port 9")
+    assert r.returncode == 0, r.stderr
+    cmd = r.stdout.strip()
+    assert cmd.startswith("python3 -m vllm.entrypoints.openai.api_server --model /tmp/model ")
+    assert "/var/lib/inference-image/models/llama-3.2-1b-instruct" in cmd  # DRAFT_PATH from .env
+    assert cmd.endswith("--load-format dummy --port 9")
+
+
+def test_runner_refuses_unset_variable_and_unknown_unit(tmp_path):
+    render(resolve("cpu", ROOT / "profiles"), tmp_path)
+    r = run_unit(tmp_path, "router")
+    assert r.returncode == 2 and "no API key at /etc/inference-image/api-key" in r.stderr
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    r = run_unit(tmp_path, "router", INFERENCE_API_KEY_FILE=str(key))
+    assert r.returncode == 0 and "--api-key s3cret " in r.stdout
+    assert "--worker-urls http://127.0.0.1:8100 http://127.0.0.1:8101 " in r.stdout
+    r = run_unit(tmp_path, "vllm-7")
+    assert r.returncode == 2 and "no unit 'vllm-7'" in r.stderr and "vllm-1" in r.stderr
+    (tmp_path / "etc/inference-image/units/vllm-0.args").write_text("${NOT_SET_ANYWHERE}\n")
+    r = run_unit(tmp_path, "vllm-0")
+    assert r.returncode == 2 and "${NOT_SET_ANYWHERE}, which is not set" in r.stderr
+
+
+def test_cpu_instances_split_the_machine_cores(tmp_path):
+    render(resolve("cpu", ROOT / "profiles"), tmp_path)
+    for unit in ("vllm-0", "vllm-1"):
+        (tmp_path / f"etc/inference-image/units/{unit}.args").write_text(
+            "echo\n${VLLM_CPU_OMP_THREADS_BIND}\n${VLLM_CPU_KVCACHE_SPACE}\n")
+    n = os.cpu_count() or 1
+    r0, r1 = (run_unit(tmp_path, u).stdout.split() for u in ("vllm-0", "vllm-1"))
+    assert r0[1] == f"0-{max(0, n // 2 - 1)}" and r0[2] == "1"
+    assert r1[1] == f"{n // 2}-{n - 1}"
