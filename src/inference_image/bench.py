@@ -1,0 +1,313 @@
+"""Benchmark harness: DigitalOcean's scenarios driven by `vllm bench serve`.
+
+Load generation and metric definitions (output tok/s, TTFT, TPOT, ITL, E2E) are vLLM's own;
+this module picks the scenarios and concurrencies, runs them in order with fixed seeds, and
+writes JSON, a Markdown table and PNG charts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .profiles import ProfileErrors, default_profiles_dir, resolve
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    input_len: int
+    output_len: int
+    prefix_len: int = 0  # tokens shared by every prompt (counted in input_len)
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("chat", 512, 512),
+        Scenario("summarization", 1024, 512),
+        Scenario("long-form", 2048, 1024),
+        # 70% of the prompt is one system prompt: what prefix caching is for.
+        Scenario("shared-prefix", 1024, 256, prefix_len=717),
+    )
+}
+CONCURRENCY = [1, 2, 4, 8, 16]
+SATURATION = [32, 64]
+QUICK = {"scenarios": ["chat"], "concurrency": [1, 4, 16]}
+
+
+def num_prompts(concurrency: int, per: int) -> int:
+    return max(8, per * concurrency)
+
+
+def bench_command(
+    vllm_cmd: list[str], url: str, model: str, tokenizer: str | None, sc: Scenario, c: int,
+    per: int, seed: int, result_dir: Path, result_file: str,
+) -> list[str]:
+    cmd = [*vllm_cmd, "bench", "serve", "--backend", "vllm", "--base-url", url,
+           "--model", model, "--dataset-name", "random",
+           "--random-input-len", str(sc.input_len - sc.prefix_len),
+           "--random-output-len", str(sc.output_len),
+           "--num-prompts", str(num_prompts(c, per)), "--max-concurrency", str(c),
+           "--num-warmups", str(min(c, 4)), "--ignore-eos", "--seed", str(seed),
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+           "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
+           "--disable-tqdm"]
+    if sc.prefix_len:
+        cmd += ["--random-prefix-len", str(sc.prefix_len)]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    return cmd
+
+
+def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> dict[str, Any]:
+    def g(k: str) -> float:
+        return round(float(d.get(k) or 0.0), 3)
+    return {
+        "config": config, "scenario": scenario, "concurrency": c,
+        "completed": int(d.get("completed") or 0), "failed": int(d.get("failed") or 0),
+        "duration_s": g("duration"),
+        "output_tok_s": g("output_throughput"), "total_tok_s": g("total_token_throughput"),
+        "ttft_ms_mean": g("mean_ttft_ms"), "ttft_ms_p50": g("p50_ttft_ms"),
+        "ttft_ms_p99": g("p99_ttft_ms"),
+        "tpot_ms_mean": g("mean_tpot_ms"), "tpot_ms_p99": g("p99_tpot_ms"),
+        "itl_ms_mean": g("mean_itl_ms"), "itl_ms_p99": g("p99_itl_ms"),
+        "e2el_ms_mean": g("mean_e2el_ms"), "e2el_ms_p99": g("p99_e2el_ms"),
+    }
+
+
+def cost_per_mtok(hourly_usd: float, output_tok_s: float) -> float | None:
+    if output_tok_s <= 0 or hourly_usd <= 0:
+        return None
+    return hourly_usd / (output_tok_s * 3600) * 1e6
+
+
+def _progress(i: int, n: int, msg: str) -> None:
+    width = 24
+    done = int(width * i / n)
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {msg:<48}")
+    sys.stderr.flush()
+    if i == n:
+        sys.stderr.write("\n")
+
+
+def run(
+    *, url: str, model: str, tokenizer: str | None, scenarios: list[str], concurrency: list[int],
+    config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
+    timeout_s: int = 1800, log: Path | None = None,
+) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    plan = [(SCENARIOS[s], c) for s in scenarios for c in concurrency]
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        for k, (sc, c) in enumerate(plan):
+            _progress(k, len(plan), f"{sc.name} c={c}")
+            fname = f"{sc.name}-c{c}.json"
+            cmd = bench_command(vllm_cmd, url, model, tokenizer, sc, c, per, seed + c,
+                                Path(tmp), fname)
+            t0 = time.monotonic()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                  check=False)
+            if log is not None:
+                with log.open("a") as fh:
+                    fh.write(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
+            res = Path(tmp) / fname
+            if proc.returncode != 0 or not res.exists():
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+                raise BenchError(f"vllm bench serve failed for {sc.name} c={c} "
+                                 f"(exit {proc.returncode}): " + " | ".join(tail))
+            row = row_from_result(json.loads(res.read_text()), sc.name, c, config)
+            row["wall_s"] = round(time.monotonic() - t0, 1)
+            row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
+            rows.append(row)
+        _progress(len(plan), len(plan), "done")
+    return {"meta": {"url": url, "model": model, "config": config, "seed": seed,
+                     "prompts_per_concurrency": per, "hourly_usd": hourly_usd,
+                     "tool": "vllm bench serve", "ignore_eos": True},
+            "runs": rows}
+
+
+class BenchError(Exception):
+    pass
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    head = ("| config | scenario | c | output tok/s | TTFT mean / p99 ms | TPOT mean ms "
+            "| ITL p99 ms | $/Mtok |\n|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in runs:
+        cost = r.get("usd_per_mtok")
+        lines.append(
+            f"| {r['config']} | {r['scenario']} | {r['concurrency']} | {r['output_tok_s']:.1f} "
+            f"| {r['ttft_ms_mean']:.1f} / {r['ttft_ms_p99']:.1f} | {r['tpot_ms_mean']:.2f} "
+            f"| {r['itl_ms_p99']:.2f} | {'' if cost is None else f'{cost:.3f}'} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def charts(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """PNG charts; returns [] when matplotlib is not installed (say so, do not fail)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    keys = sorted({(r["config"], r["scenario"]) for r in runs})
+    for metric, label, fname in (
+        ("output_tok_s", "output tokens/s", "throughput.png"),
+        ("ttft_ms_p99", "TTFT p99 (ms)", "ttft.png"),
+        ("usd_per_mtok", "USD per million output tokens", "cost.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        plotted = False
+        for config, scenario in keys:
+            pts = [(r["concurrency"], r[metric]) for r in runs
+                   if r["config"] == config and r["scenario"] == scenario and r.get(metric)]
+            if pts:
+                xs, ys = zip(*sorted(pts), strict=True)
+                ax.plot(xs, ys, marker="o", label=f"{config} / {scenario}")
+                plotted = True
+        if not plotted:
+            plt.close(fig)
+            continue
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Side-by-side ratios B/A for rows present in both (matched by scenario and concurrency)."""
+    ia = {(r["scenario"], r["concurrency"]): r for r in a["runs"]}
+    lines = ["| scenario | c | A tok/s | B tok/s | B/A | A TTFT p99 | B TTFT p99 | B/A |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in b["runs"]:
+        x = ia.get((r["scenario"], r["concurrency"]))
+        if not x:
+            continue
+        tr = r["output_tok_s"] / x["output_tok_s"] if x["output_tok_s"] else float("nan")
+        lr = r["ttft_ms_p99"] / x["ttft_ms_p99"] if x["ttft_ms_p99"] else float("nan")
+        lines.append(f"| {r['scenario']} | {r['concurrency']} | {x['output_tok_s']:.1f} "
+                     f"| {r['output_tok_s']:.1f} | {tr:.2f}x | {x['ttft_ms_p99']:.1f} "
+                     f"| {r['ttft_ms_p99']:.1f} | {lr:.2f}x |")
+    if len(lines) == 2:
+        return "no scenario/concurrency pair is in both files"
+    return "\n".join(lines)
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated integers") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: concurrencies are integers >= 1")
+    return vals
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file:
+        return Path(args.api_key_file).read_text().strip()
+    return os.environ.get("INFERENCE_API_KEY")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    scenarios = ["chat"] if args.quick else (args.scenario or list(SCENARIOS))
+    bad = [s for s in scenarios if s not in SCENARIOS]
+    if bad:
+        print(f"error: --scenario {bad[0]!r} is unknown. Fix: use one of {', '.join(SCENARIOS)}",
+              file=sys.stderr)
+        return 1
+    conc = args.concurrency or (QUICK["concurrency"] if args.quick
+                                else CONCURRENCY + ([] if args.no_saturation else SATURATION))
+    hourly = 0.0
+    model = args.model
+    if args.profile:
+        try:
+            r = resolve(args.profile, Path(args.profiles_dir) if args.profiles_dir
+                        else default_profiles_dir())
+        except ProfileErrors as exc:
+            for e in exc.errors:
+                print(f"error: {e}", file=sys.stderr)
+            return 1
+        hourly = r.profile.digitalocean.price_per_gpu_hour * max(1, r.profile.hardware.gpu_count)
+        model = model or r.profile.model.target
+    if not model:
+        print("error: --model is required without --profile. Fix: pass --model SERVED_NAME",
+              file=sys.stderr)
+        return 1
+    key = _api_key(args)
+    if key:
+        os.environ["OPENAI_API_KEY"] = key  # what `vllm bench serve` sends as a Bearer token
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(url=args.url.rstrip("/"), model=model, tokenizer=args.tokenizer,
+                     scenarios=scenarios, concurrency=conc, config=args.label,
+                     vllm_cmd=shlex.split(args.vllm_cmd), per=args.prompts_per_concurrency,
+                     seed=args.seed, hourly_usd=hourly, log=out / f"{args.label}.log")
+    except (BenchError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    result["meta"]["profile"] = args.profile
+    (out / f"{args.label}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    table = markdown(result["runs"])
+    (out / f"{args.label}.md").write_text(table)
+    pngs = charts(result["runs"], out)
+    print(table)
+    print(f"results: {out / (args.label + '.json')}" +
+          (f"; charts: {', '.join(p.name for p in pngs)}" if pngs
+           else "; charts skipped (matplotlib is not installed)"))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        a, b = (json.loads(Path(p).read_text()) for p in (args.a, args.b))
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}. Fix: pass two JSON files written by `bench run`", file=sys.stderr)
+        return 1
+    print(f"A = {args.a}\nB = {args.b}\n" + compare(a, b))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bp = sub.add_parser("bench", help="benchmark an endpoint, or compare two results")
+    bsub = bp.add_subparsers(dest="bench_cmd", required=True, metavar="ACTION")
+    rp = bsub.add_parser("run", help="run scenarios x concurrencies against an endpoint")
+    rp.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (router or instance)")
+    rp.add_argument("--profile", metavar="TIER", help="served model name and $/hour from a tier")
+    rp.add_argument("--model", help="served model name (default: the profile's target)")
+    rp.add_argument("--tokenizer", help="tokenizer path when the served name is not a hub id")
+    rp.add_argument("--scenario", action="append", help=f"one of {', '.join(SCENARIOS)}; repeat")
+    rp.add_argument("--concurrency", type=_ints, help="e.g. 1,2,4,8,16")
+    rp.add_argument("--no-saturation", action="store_true", help="skip concurrency 32 and 64")
+    rp.add_argument("--quick", action="store_true", help="chat at c=1,4,16 (the throughput suite)")
+    rp.add_argument("--prompts-per-concurrency", type=int, default=4)
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--label", default="run", help="config name in results and file names")
+    rp.add_argument("--out", default="build/bench")
+    rp.add_argument("--api-key-file", help="default: $INFERENCE_API_KEY")
+    rp.add_argument("--vllm-cmd", default="vllm", help="how to call vLLM's CLI")
+    rp.set_defaults(func=cmd_run)
+    cp = bsub.add_parser("compare", help="ratios B/A side by side")
+    cp.add_argument("a")
+    cp.add_argument("b")
+    cp.set_defaults(func=cmd_compare)

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from inference_image import bench
+
+
+def test_scenarios_are_digitaloceans():
+    s = bench.SCENARIOS
+    assert (s["chat"].input_len, s["chat"].output_len) == (512, 512)
+    assert (s["summarization"].input_len, s["long-form"].output_len) == (1024, 1024)
+    assert s["shared-prefix"].prefix_len / s["shared-prefix"].input_len == 0.7001953125
+
+
+def test_bench_command_for_shared_prefix():
+    cmd = bench.bench_command(["vllm"], "http://h:8000", "m", "/tok", bench.SCENARIOS["shared-prefix"],
+                              16, 4, 7, Path("/r"), "f.json")
+    a = dict(zip(cmd[::1], [*cmd[1:], ""], strict=True))
+    assert a["--random-prefix-len"] == "717" and a["--random-input-len"] == "307"
+    assert a["--num-prompts"] == "64" and a["--max-concurrency"] == "16"
+    assert "--ignore-eos" in cmd and a["--seed"] == "7" and a["--tokenizer"] == "/tok"
+
+
+def test_num_prompts_floor():
+    assert bench.num_prompts(1, 4) == 8 and bench.num_prompts(64, 4) == 256
+
+
+def test_row_and_cost_and_compare():
+    d = {"output_throughput": 1000.0, "mean_ttft_ms": 10, "p99_ttft_ms": 20, "completed": 8}
+    a = {"runs": [bench.row_from_result(d, "chat", 4, "A")]}
+    b = {"runs": [bench.row_from_result({**d, "output_throughput": 1500.0, "p99_ttft_ms": 10},
+                                        "chat", 4, "B")]}
+    assert a["runs"][0]["completed"] == 8 and a["runs"][0]["ttft_ms_p99"] == 20
+    assert round(bench.cost_per_mtok(3.6, 1000.0), 6) == 1.0
+    assert bench.cost_per_mtok(0, 1000) is None
+    out = bench.compare(a, b)
+    assert "| chat | 4 | 1000.0 | 1500.0 | 1.50x | 20.0 | 10.0 | 0.50x |" in out
+
+
+def test_markdown_and_recorded_proof_has_the_required_keys():
+    md = bench.markdown([bench.row_from_result({"output_throughput": 5}, "chat", 1, "x")])
+    assert md.splitlines()[2].startswith("| x | chat | 1 | 5.0 |")
+    root = Path(__file__).resolve().parents[1]
+    for p in (root / "docs" / "benchmarks").glob("*.json"):
+        doc = json.loads(p.read_text())
+        assert {"gpu", "vllm_version", "runs", "roofline"} <= set(doc)
+        assert {"config", "scenario", "concurrency", "output_tok_s", "ttft_ms_mean", "ttft_ms_p99",
+                "tpot_ms_mean"} <= set(doc["runs"][0])
+        for cfg in ("vanilla", "optimized"):
+            assert {"read_bw_tbs", "bytes_per_token", "c1_fraction"} <= set(doc["roofline"][cfg])
