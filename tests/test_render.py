@@ -73,7 +73,7 @@ def test_h100_instance_flags(tmp_path):
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
-    assert "CUDA_VISIBLE_DEFVICES" not in env and "CUDA_VISIBLE_DEVICES=0\n" in env
+    assert "CUDA_VISIBLE_DEVICES=0\n" in env and "VLLM_CPU_KVCACHE_SPACE" not in env
 
 
 def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_flag(tmp_path):

@@ -55,7 +55,7 @@ def served_model_name(r: Resolved) -> str:
 
 def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     """The full vLLM command line of one instance. ${VAR} is expanded by inference-run."""
-    _p, s, m = r.profile, r.profile.serving, r.profile.model
+    s, m = r.profile.serving, r.profile.model
     argv = ["${VLLM_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
             "--model", "${MODEL_PATH}",
             "--served-model-name", served_model_name(r),
