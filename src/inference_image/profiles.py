@@ -415,7 +415,8 @@ def _check(
     ports: dict[int, str] = {}
     inst_ports = s.ports or [s.base_port + i for i in range(s.instances)]
     named = [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
-    named += [("router.port", p.router.port), ("router.metrics_port", p.router.metrics_port)]
+    named += [("router.port", p.router.port), ("router.internal_port", p.router.internal_port),
+              ("router.metrics_port", p.router.metrics_port)]
     for what, port in named:
         if port in ports:
             fld = "serving.ports" if what.startswith("serving") and s.ports else (

@@ -24,6 +24,7 @@ PATHS = {
     "etc": "/etc/inference-image",
     "units": "/etc/inference-image/units",
     "api_key": "/etc/inference-image/api-key",
+    "api_key_map": "/etc/inference-image/api-key.nginx",
     "models": "/var/lib/inference-image/models",
     "cache": "/var/cache/inference-image",
     "vllm_venv": "/opt/vllm",
@@ -134,11 +135,13 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
 
 def router_argv(r: Resolved) -> list[str]:
     rt = r.profile.router
-    argv = ["${ROUTER_BIN}", "--host", rt.bind, "--port", str(rt.port),
+    # vllm-router's --api-key is the key it sends to workers, not one it asks of clients (checked:
+    # requests without a key pass), so nginx in front checks the key and the router stays on
+    # loopback without one.
+    argv = ["${ROUTER_BIN}", "--host", "127.0.0.1", "--port", str(rt.internal_port),
             "--policy", rt.policy, "--worker-urls"]
     argv += [f"http://127.0.0.1:{i.port}" for i in r.instances]
-    argv += ["--api-key", "${INFERENCE_API_KEY}",
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt.metrics_port),
+    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt.metrics_port),
              "--health-check-endpoint", "/health",
              "--health-check-interval-secs", str(rt.health_check_interval_secs),
              "--worker-startup-timeout-secs", "1800",
@@ -150,7 +153,6 @@ def router_env(r: Resolved) -> dict[str, str]:
     return {
         "INFERENCE_UNIT": "router",
         "ROUTER_BIN": f"{PATHS['router_venv']}/bin/vllm-router",
-        "INFERENCE_API_KEY_FILE": PATHS["api_key"],
     }
 
 
@@ -189,7 +191,8 @@ def profile_document(r: Resolved) -> dict[str, Any]:
         "models": models_list(r),
         "instances": [{"name": i.name, "port": i.port, "gpu_ids": list(i.gpu_ids)}
                       for i in r.instances],
-        "router": {"port": p.router.port, "metrics_port": p.router.metrics_port},
+        "router": {"port": p.router.port, "internal_port": p.router.internal_port,
+                   "metrics_port": p.router.metrics_port},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
         "service_user": SERVICE_USER,
@@ -204,6 +207,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_units": [u.name for u in units(r)],
         "inference_instances": [i.name for i in r.instances],
         "inference_router_port": p.router.port,
+        "inference_router_internal_port": p.router.internal_port,
         "inference_metrics_port": p.router.metrics_port,
         "inference_instance_ports": [i.port for i in r.instances],
         "inference_service_user": SERVICE_USER,
@@ -253,6 +257,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
         tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
     tpl("etc/cloud/cloud.cfg.d/90-inference-image.cfg.j2",
         "etc/cloud/cloud.cfg.d/90-inference-image.cfg")
+    tpl("etc/nginx/conf.d/inference-image.conf.j2", "etc/nginx/conf.d/inference-image.conf")
     tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")

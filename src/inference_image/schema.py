@@ -114,8 +114,9 @@ class Serving(Strict):
 
 
 class Router(Strict):
-    port: Port = 8000
+    port: Port = Field(8000, description="the public API port (nginx checks the API key there)")
     bind: str = "0.0.0.0"
+    internal_port: Port = Field(8001, description="vllm-router's own port, on 127.0.0.1 behind nginx")
     policy: Literal[
         "cache_aware", "round_robin", "power_of_two", "random", "consistent_hash"
     ] = "cache_aware"

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 883385f91e3f7c7a4f6562863a99bd6a5b81ea62b916f01cacc405a2d92009bd): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 52d7dec75a82331e468d5f21589d7712bd951095d74df8d70122353fc57cab57): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "883385f91e3f7c7a4f6562863a99bd6a5b81ea62b916f01cacc405a2d92009bd"
+profile_sha256 = "52d7dec75a82331e468d5f21589d7712bd951095d74df8d70122353fc57cab57"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,0 +1,73 @@
+"""gpu: the driver and GPUs the profile asks for (GPU tiers only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.suite("gpu")
+
+
+@pytest.fixture(scope="module")
+def hw(profile: dict[str, Any]) -> dict[str, Any]:
+    h = profile["profile"]["hardware"]
+    if not h["gpu_count"]:
+        pytest.skip(f"tier {profile['tier']} has no GPU")
+    return h
+
+
+def test_nvidia_smi_sees_the_gpus(root: Any, hw: dict[str, Any]) -> None:
+    out = root.run("nvidia-smi --query-gpu=name --format=csv,noheader")
+    assert out.rc == 0, f"nvidia-smi failed: {out.stderr.strip()}"
+    names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
+    assert len(names) == hw["gpu_count"], f"{len(names)} GPUs, profile says {hw['gpu_count']}"
+    assert all(hw["gpu_model"].lower() in n.lower() for n in names), f"{names} vs {hw['gpu_model']}"
+
+
+def test_driver_is_the_pinned_branch(root: Any, profile: dict[str, Any], hw: dict[str, Any]) -> None:
+    branch = profile["profile"]["versions"]["driver_branch"]
+    v = root.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
+    assert v and all(x.startswith(f"{branch}.") for x in v), f"driver {v}, pinned branch {branch}"
+
+
+def test_nvidia_packages_share_one_version(root: Any, hw: dict[str, Any]) -> None:
+    out = root.run("dpkg-query -W -f '${Package} ${Version}\\n' 'nvidia-*' 'libnvidia-*' 2>/dev/null")
+    versions = {}
+    for line in out.stdout.splitlines():
+        name, _, ver = line.partition(" ")
+        if ver:
+            versions[name] = ver.split(":")[-1].split("-")[0]
+    assert versions, "no NVIDIA packages installed"
+    assert len(set(versions.values())) == 1, f"mixed versions: {versions}"
+
+
+def test_kernel_and_driver_held(root: Any, hw: dict[str, Any]) -> None:
+    held = root.run("dpkg --get-selections | awk '$2 == \"hold\" {print $1}'").stdout.split()
+    kernel = root.run("uname -r").stdout.strip()
+    assert any(kernel in p for p in held), f"the running kernel {kernel} is not held"
+    assert any("nvidia" in p for p in held), "no NVIDIA package is held"
+
+
+def test_persistence_daemon_enabled(root: Any, hw: dict[str, Any]) -> None:
+    assert root.service("nvidia-persistenced").is_enabled
+
+
+def test_fabric_manager_only_on_nvswitch(root: Any, hw: dict[str, Any]) -> None:
+    fm = root.service("nvidia-fabricmanager")
+    if hw["nvswitch"]:
+        assert fm.is_running, "NVSwitch machine without an active fabric manager"
+    else:
+        assert not fm.is_running, "fabric manager running on a machine without NVSwitch"
+
+
+def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict[str, Any]) -> None:
+    serving = profile["profile"]["serving"]
+    name = profile["instances"][0]["name"]
+    log = root.run(f"journalctl -u vllm@{name} -b --no-pager -o cat").stdout
+    assert log, f"no journal for vllm@{name} on this boot"
+    if serving["flash_attention_3"]:
+        assert "FlashAttention version 3" in log or ("FLASH_ATTN" in log and "version 3" in log), \
+            "vLLM did not log FlashAttention 3"
+    if profile["profile"]["model"]["quantization"].startswith("fp8"):
+        assert "fp8" in log.lower(), "vLLM's log never mentions fp8"

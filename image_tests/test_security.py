@@ -1,0 +1,95 @@
+"""security: the API key is required on every route but /health; the instances, the router's own
+port and the metrics ports are unreachable from outside; vLLM's dev mode is off; the services do
+not run as root; the key is not visible to other users."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import http, tcp_open
+
+pytestmark = pytest.mark.suite("security")
+
+# Every route vLLM's OpenAI server and vllm-router expose (and one that exists nowhere): each must
+# ask for the key on the public port. /metrics is included on purpose: metrics are scraped on the
+# loopback ports (see /etc/inference-image/prometheus-targets.json), never without a key from outside.
+ROUTES = [
+    ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+    ("POST", "/v1/embeddings"), ("POST", "/v1/responses"), ("POST", "/tokenize"),
+    ("POST", "/detokenize"), ("GET", "/metrics"), ("GET", "/version"), ("GET", "/get_server_info"),
+    ("GET", "/server_info"), ("GET", "/ping"), ("POST", "/invocations"), ("POST", "/pooling"),
+    ("POST", "/score"), ("POST", "/v1/score"), ("POST", "/rerank"), ("POST", "/v1/rerank"),
+    ("POST", "/reset_prefix_cache"), ("POST", "/sleep"), ("POST", "/wake_up"),
+    ("POST", "/collective_rpc"), ("POST", "/v1/load_lora_adapter"), ("GET", "/load"),
+    ("GET", "/liveness"), ("GET", "/readiness"), ("GET", "/workers"), ("POST", "/flush_cache"),
+    ("GET", "/no/such/route"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
+def test_key_required(root: Any, profile: dict[str, Any], method: str, path: str) -> None:
+    port = profile["router"]["port"]
+    body = {} if method == "POST" else None
+    assert http(root, port, path, method=method, body=body).status == 401, "no key accepted"
+    assert http(root, port, path, key="0" * 64, method=method, body=body).status == 401, \
+        "a wrong key accepted"
+
+
+def test_health_needs_no_key(root: Any, profile: dict[str, Any]) -> None:
+    assert http(root, profile["router"]["port"], "/health").status == 200
+
+
+def test_right_key_accepted(root: Any, profile: dict[str, Any], api_key: str) -> None:
+    assert http(root, profile["router"]["port"], "/v1/models", key=api_key).status == 200
+
+
+def test_public_port_reachable_from_outside(profile: dict[str, Any], outside_address: str) -> None:
+    assert tcp_open(outside_address, profile["router"]["port"]), \
+        f"{outside_address}:{profile['router']['port']} refuses connections"
+
+
+def test_internal_ports_unreachable_from_outside(profile: dict[str, Any], outside_address: str) -> None:
+    internal = [i["port"] for i in profile["instances"]]
+    internal += [profile["router"]["internal_port"], profile["router"]["metrics_port"], 9100]
+    open_ = [p for p in internal if tcp_open(outside_address, p, timeout=2)]
+    assert not open_, f"reachable from outside on {outside_address}: {open_}"
+
+
+def test_firewall_denies_by_default(root: Any) -> None:
+    rules = root.run("nft list chain inet inference_image input")
+    assert rules.rc == 0, "no inference_image input chain loaded"
+    assert "policy drop" in rules.stdout
+
+
+def _pids(root: Any, pattern: str) -> list[str]:
+    return root.run(f"pgrep -f -- {pattern!r}").stdout.split()
+
+
+def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
+    for pid in _pids(root, "vllm.entrypoints.openai.api_server"):
+        env = root.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+        assert "VLLM_SERVER_DEV_MODE=1" not in env, f"pid {pid} runs with VLLM_SERVER_DEV_MODE=1"
+    # Dev-mode routes exist only with VLLM_SERVER_DEV_MODE=1.
+    inst = profile["instances"][0]
+    assert http(root, inst["port"], "/reset_prefix_cache", method="POST").status == 404
+
+
+def test_services_not_root(root: Any, profile: dict[str, Any]) -> None:
+    user = profile["service_user"]
+    for pattern in ("vllm.entrypoints.openai.api_server", "vllm-router"):
+        pids = _pids(root, pattern)
+        assert pids, f"no {pattern} process"
+        for pid in pids:
+            owner = root.run(f"ps -o user= -p {pid}").stdout.strip()
+            assert owner == user, f"{pattern} pid {pid} runs as {owner}"
+    workers = root.run("ps -o user= -C nginx").stdout.split()
+    assert workers and set(workers) - {"root"}, "nginx has no unprivileged workers"
+
+
+def test_api_key_private(root: Any, profile: dict[str, Any], api_key: str) -> None:
+    for path in (profile["paths"]["api_key"], profile["paths"]["api_key_map"]):
+        f = root.file(path)
+        assert f.user == "root" and f.mode & 0o077 == 0, f"{path} is {oct(f.mode)} {f.user}:{f.group}"
+    args = root.run("ps -eo args").stdout
+    assert api_key not in args, "the API key is on a command line (visible to every user)"

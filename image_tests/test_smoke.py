@@ -1,0 +1,123 @@
+"""smoke: the stack is up and serves: units active and enabled, router and every instance
+healthy, ports bound where they should be, model cache present, compile cache writable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import http, wait_for
+
+pytestmark = pytest.mark.suite("smoke")
+
+
+def units(profile: dict[str, Any]) -> list[str]:
+    return (["inference.target", "vllm-router.service", "nginx.service"]
+            + [f"vllm@{i['name']}.service" for i in profile["instances"]])
+
+
+def test_units_enabled_and_active(root: Any, profile: dict[str, Any]) -> None:
+    bad = []
+    for u in [*units(profile), "inference-firstboot.service"]:
+        s = root.service(u)
+        if not s.is_enabled:
+            bad.append(f"{u} not enabled")
+        if u != "inference-firstboot.service" and not s.is_running:
+            bad.append(f"{u} not active")
+    assert not bad, "; ".join(bad)
+
+
+def test_every_instance_healthy(root: Any, profile: dict[str, Any]) -> None:
+    for inst in profile["instances"]:
+        r = http(root, inst["port"], "/health")
+        assert r.status == 200, f"{inst['name']} on port {inst['port']}: /health gave {r.status}"
+
+
+def test_router_answers(root: Any, profile: dict[str, Any]) -> None:
+    rt = profile["router"]
+    assert http(root, rt["internal_port"], "/health").status == 200, "vllm-router's own /health"
+    assert http(root, rt["port"], "/health").status == 200, "/health on the public port (nginx)"
+
+
+def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: str) -> None:
+    r = http(root, profile["router"]["port"], "/v1/models", key=api_key)
+    assert r.status == 200, r.body
+    ids = [m["id"] for m in r.json()["data"]]
+    assert profile["served_model_name"] in ids
+
+
+def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_key: str) -> None:
+    body = {"model": profile["served_model_name"], "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say something about GPUs."}]}
+    r = http(root, profile["router"]["port"], "/v1/chat/completions", key=api_key, method="POST",
+             body=body)
+    assert r.status == 200, r.body
+    d = r.json()
+    assert d["usage"]["completion_tokens"] > 0
+    assert d["choices"][0]["message"]["content"] is not None
+
+
+def _served(root: Any, port: int) -> float:
+    text = http(root, port, "/metrics").body
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:request_success_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_router_spreads_requests_over_instances(root: Any, profile: dict[str, Any],
+                                                api_key: str) -> None:
+    if len(profile["instances"]) < 2:
+        pytest.skip("one instance")
+    before = {i["name"]: _served(root, i["port"]) for i in profile["instances"]}
+    port, model = profile["router"]["port"], profile["served_model_name"]
+    # Different first words: cache-aware routing has no shared prefix to keep on one instance,
+    # so it balances by load. Sent concurrently from the host itself.
+    script = " & ".join(
+        f"curl -s -o /dev/null -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' -d "
+        f"'{{\"model\":\"{model}\",\"prompt\":\"{w} is the first word of request {n}\",\"max_tokens\":8}}' "
+        f"http://127.0.0.1:{port}/v1/completions"
+        for n, w in enumerate(["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+                               "india", "juliet", "kilo", "lima"]))
+    assert root.run(f"{script}; wait").rc == 0
+
+    def grew() -> dict[str, float]:
+        after = {i["name"]: _served(root, i["port"]) for i in profile["instances"]}
+        return {k: after[k] - before[k] for k in after}
+    wait_for(lambda: sum(grew().values()) >= 12, 60)
+    delta = grew()
+    assert sum(delta.values()) >= 12, f"requests served per instance: {delta}"
+    assert all(v > 0 for v in delta.values()), f"an instance served nothing: {delta}"
+
+
+def test_ports_bound_where_they_should_be(root: Any, profile: dict[str, Any]) -> None:
+    out = root.run("ss -Hltn").stdout.split("\n")
+    bound: dict[int, set[str]] = {}
+    for line in out:
+        parts = line.split()
+        if len(parts) >= 4:
+            addr, _, port = parts[3].rpartition(":")
+            bound.setdefault(int(port), set()).add(addr.strip("[]"))
+    rt = profile["router"]
+    loopback = {i["name"]: i["port"] for i in profile["instances"]}
+    loopback |= {"router": rt["internal_port"], "router metrics": rt["metrics_port"]}
+    for what, port in loopback.items():
+        assert bound.get(port) == {"127.0.0.1"}, f"{what} (port {port}) bound to {bound.get(port)}"
+    bind = profile["profile"]["router"]["bind"]
+    assert bind in bound.get(rt["port"], set()), f"public port {rt['port']} bound to {bound.get(rt['port'])}"
+
+
+def test_model_cache_present(root: Any, profile: dict[str, Any]) -> None:
+    for m in profile["models"]:
+        assert root.file(f"{m['path']}/config.json").is_file, f"{m['name']}: no config.json in {m['path']}"
+        if not m["local_config"]:
+            weights = root.run(f"ls {m['path']} | grep -c '\\.safetensors$'").stdout.strip()
+            assert int(weights or 0) > 0, f"{m['name']}: no weights in {m['path']}"
+
+
+def test_compile_cache_writable_by_the_service(root: Any, profile: dict[str, Any]) -> None:
+    user, cache = profile["service_user"], profile["paths"]["cache"]
+    for sub in ("vllm", "inductor", "tmp"):
+        r = root.run(f"runuser -u {user} -- test -w {cache}/{sub}")
+        assert r.rc == 0, f"{cache}/{sub} is not writable by {user}"

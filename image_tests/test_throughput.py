@@ -1,0 +1,60 @@
+"""throughput: the benchmark's scenario at the profile's target concurrency, run on the machine
+against its public port with vLLM's own `vllm bench serve` (the image's vLLM), checked against the
+profile's targets. The failure message shows target vs measured."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference_image.bench import SCENARIOS, bench_command, row_from_result
+
+pytestmark = pytest.mark.suite("throughput")
+
+
+@pytest.fixture(scope="module")
+def measured(root: Any, profile: dict[str, Any], api_key: str) -> dict[str, Any]:
+    t = profile["profile"]["targets"]
+    sc = SCENARIOS[t["scenario"]]
+    c = int(t["concurrency"])
+    target = profile["models"][0]
+    py = f"{profile['paths']['vllm_venv']}/bin/python"
+    out_dir = "/var/tmp/inference-image-throughput"
+    cmd = bench_command([py, "-m", "vllm.entrypoints.cli.main"],
+                        f"http://127.0.0.1:{profile['router']['port']}", profile["served_model_name"],
+                        target["path"], sc, c, per=4, seed=c, result_dir=Path(out_dir),
+                        result_file="result.json")
+    run = root.run(
+        f"mkdir -p {out_dir} && cd {out_dir} && OPENAI_API_KEY={shlex.quote(api_key)} VLLM_NO_USAGE_STATS=1 "
+        f"DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 {shlex.join(cmd)}")
+    try:
+        assert run.rc == 0, f"vllm bench serve failed ({run.rc}): {run.stderr[-2000:]}"
+        result = json.loads(root.file(f"{out_dir}/result.json").content_string)
+    finally:
+        root.run(f"rm -rf {out_dir}")
+    row = row_from_result(result, sc.name, c, "image")
+    row["targets"] = t
+    return row
+
+
+def test_no_failed_requests(measured: dict[str, Any]) -> None:
+    assert measured["failed"] == 0 and measured["completed"] > 0, measured
+
+
+def test_output_throughput(measured: dict[str, Any]) -> None:
+    t = measured["targets"]
+    assert measured["output_tok_s"] >= t["output_tok_s"], (
+        f"{t['scenario']} c={t['concurrency']}: output {measured['output_tok_s']:.1f} tok/s, "
+        f"target >= {t['output_tok_s']}")
+
+
+def test_ttft(measured: dict[str, Any]) -> None:
+    t = measured["targets"]
+    p50, p99 = measured["ttft_ms_p50"], measured["ttft_ms_p99"]
+    assert p50 <= t["ttft_p50_ms"] and p99 <= t["ttft_p99_ms"], (
+        f"{t['scenario']} c={t['concurrency']}: TTFT p50 {p50:.0f} ms (target <= {t['ttft_p50_ms']}), "
+        f"p99 {p99:.0f} ms (target <= {t['ttft_p99_ms']})")

@@ -1,0 +1,194 @@
+"""`inference-image verify`: run the image_tests suites against a launched droplet, the local
+qemu image or a container, print a summary table and write a JUnit XML report.
+
+Targets: HOST[:PORT] (SSH via paramiko: the user's agent or --identity), podman://CONTAINER,
+local:// (this machine). A wrong host, a refused key or a host that is not an image of this
+project give one line each, before any test runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
+
+SUITES = ("smoke", "security", "hygiene", "gpu", "throughput")
+PROFILE_JSON = "/etc/inference-image/profile.json"
+
+
+class VerifyError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # ssh | podman | local
+    host: str
+    port: int = 22
+    user: str = "root"
+
+    def testinfra_url(self, identity: str | None) -> str:
+        if self.kind == "podman":
+            return f"podman://{self.host}"
+        if self.kind == "local":
+            return "local://"
+        url = f"paramiko://{self.user}@{self.host}:{self.port}"
+        return url + (f"?ssh_identity_file={identity}" if identity else "")
+
+
+def parse_target(spec: str, user: str) -> Target:
+    if spec.startswith("podman://"):
+        return Target("podman", spec.removeprefix("podman://"))
+    if spec in ("local://", "localhost://"):
+        return Target("local", "localhost")
+    host, port = spec, 22
+    if spec.count(":") == 1:
+        host, p = spec.split(":")
+        if not p.isdigit():
+            raise VerifyError(f"--host {spec}: the port must be a number (HOST:PORT)")
+        port = int(p)
+    if not host:
+        raise VerifyError("--host is empty: give HOST[:PORT], podman://NAME or local://")
+    return Target("ssh", host, port, user)
+
+
+def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> None:
+    """One clear line for the usual ways a verify run cannot start."""
+    if t.kind == "podman":
+        if not shutil.which("podman"):
+            raise VerifyError("podman is not installed here")
+        r = subprocess.run(["podman", "container", "inspect", "-f", "{{.State.Running}}", t.host],
+                           capture_output=True, text=True)
+        if r.returncode or r.stdout.strip() != "true":
+            raise VerifyError(f"no running container named {t.host}")
+        r = subprocess.run(["podman", "exec", t.host, "test", "-f", PROFILE_JSON])
+        if r.returncode:
+            raise VerifyError(f"{t.host} is not an inference-image build (no {PROFILE_JSON})")
+        return
+    if t.kind == "local":
+        if not Path(PROFILE_JSON).is_file():
+            raise VerifyError(f"this machine is not an inference-image build (no {PROFILE_JSON})")
+        return
+    try:
+        socket.create_connection((t.host, t.port), timeout=timeout).close()
+    except socket.gaierror:
+        raise VerifyError(f"{t.host}: no such host (DNS lookup failed)") from None
+    except OSError as exc:
+        raise VerifyError(f"cannot reach {t.host}:{t.port} over SSH ({exc.strerror or exc})") from None
+    import paramiko
+
+    client = paramiko.SSHClient()
+    # A droplet made from the snapshot has new host keys: nothing to pin them against yet.
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    try:
+        client.connect(t.host, port=t.port, username=t.user, key_filename=identity, timeout=timeout,
+                       allow_agent=True, look_for_keys=identity is None)
+        _, out, _ = client.exec_command(f"test -f {PROFILE_JSON} && echo yes || echo no", timeout=timeout)
+        if out.read().decode().strip() != "yes":
+            raise VerifyError(f"{t.host} is not an inference-image build (no {PROFILE_JSON})")
+    except paramiko.AuthenticationException:
+        raise VerifyError(f"{t.user}@{t.host}:{t.port} refused the SSH key "
+                          f"({'--identity ' + identity if identity else 'agent and default keys'}); "
+                          "pass --identity or --user") from None
+    except (paramiko.SSHException, OSError) as exc:
+        raise VerifyError(f"SSH to {t.host}:{t.port} failed: {exc}") from None
+    finally:
+        client.close()
+
+
+def summarize(junit: Path) -> tuple[str, bool]:
+    """A table of passed/failed/skipped per suite from pytest's JUnit XML; ok when something
+    passed and nothing failed."""
+    root = ET.parse(junit).getroot()
+    counts: dict[str, Counter[str]] = {}
+    reasons: dict[str, str] = {}
+    failures: list[str] = []
+    for case in root.iter("testcase"):
+        suite = case.get("classname", "").rsplit(".", 1)[-1].removeprefix("test_") or "?"
+        c = counts.setdefault(suite, Counter())
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skipped = case.find("skipped")
+        if bad is not None:
+            c["failed"] += 1
+            msg = (bad.get("message") or "").strip().splitlines()
+            failures.append(f"  {suite}::{case.get('name')}: {(msg[0] if msg else '')[:200]}")
+        elif skipped is not None:
+            c["skipped"] += 1
+            reasons.setdefault(suite, (skipped.get("message") or "").removeprefix("Skipped: ")[:90])
+        else:
+            c["passed"] += 1
+    order = [s for s in SUITES if s in counts] + sorted(set(counts) - set(SUITES))
+    rows = [["SUITE", "PASSED", "FAILED", "SKIPPED", "NOTE"]]
+    rows += [[s, str(counts[s]["passed"]), str(counts[s]["failed"]), str(counts[s]["skipped"]),
+              reasons.get(s, "") if counts[s]["skipped"] else ""] for s in order]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    ok = not failures and sum(c["passed"] for c in counts.values()) > 0
+    return "\n".join(lines + (["", "failures:", *failures] if failures else [])), ok
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        pdir = Path(args.profiles_dir) if args.profiles_dir else default_profiles_dir()
+        try:
+            resolve(args.profile, pdir)
+        except ProfileErrors as exc:
+            raise VerifyError(str(exc.errors[0])) from None
+        suites = args.suite or ["smoke", "security", "hygiene", "gpu"]
+        bad = [s for s in suites if s not in SUITES]
+        if bad:
+            raise VerifyError(f"--suite {bad[0]}: no such suite (have: {', '.join(SUITES)})")
+        target = parse_target(args.host, args.user)
+        identity = os.path.expanduser(args.identity) if args.identity else None
+        if identity and not Path(identity).is_file():
+            raise VerifyError(f"--identity {args.identity}: no such file")
+        preflight(target, identity)
+    except VerifyError as exc:
+        print(f"verify: {exc}", file=sys.stderr)
+        return 1
+    tests = project_root() / "image_tests"
+    junit = Path(args.junit).resolve()
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tests),
+           f"--hosts={target.testinfra_url(identity)}", f"--tier={args.profile}",
+           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    if args.api_host:
+        cmd.append(f"--api-host={args.api_host}")
+    if target.kind == "ssh" and target.user != "root":
+        cmd.append("--sudo")
+    cmd += [str(tests / f"test_{s}.py") for s in suites]
+    env = dict(os.environ, PYTHONPATH=str(tests) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, env=env, stdout=None if args.verbose else subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if not junit.is_file():
+        print(f"verify: the test run ended before writing {junit} (exit {proc.returncode}):\n"
+              f"{(proc.stdout or '')[-2000:]}", file=sys.stderr)
+        return 1
+    table, ok = summarize(junit)
+    print(f"verify {args.host} as tier {args.profile}: suites {', '.join(suites)}\n{table}\n"
+          f"JUnit XML: {junit}")
+    return 0 if ok and proc.returncode == 0 else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    vp = sub.add_parser("verify", help="run the image test suites against a machine or container",
+                        description=__doc__)
+    vp.add_argument("--host", required=True, metavar="HOST[:PORT]",
+                    help="SSH target (port 22 by default), podman://CONTAINER or local://")
+    vp.add_argument("--profile", required=True, metavar="TIER", help="the tier the machine should be")
+    vp.add_argument("--suite", action="append", choices=SUITES, metavar="SUITE",
+                    help=f"repeatable; one of {', '.join(SUITES)} (default: all but throughput)")
+    vp.add_argument("--user", default="root", help="SSH user (sudo is used when not root)")
+    vp.add_argument("--identity", help="SSH private key (default: the agent, then ~/.ssh keys)")
+    vp.add_argument("--api-host", help="address of the API port from here, if not the SSH host")
+    vp.add_argument("--junit", default="build/verify/junit.xml", help="JUnit XML report path")
+    vp.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
+    vp.set_defaults(func=cmd_verify)
