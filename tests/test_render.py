@@ -94,7 +94,7 @@ def run_unit(root: Path, unit: str, **env: str) -> subprocess.CompletedProcess[s
 
 def test_runner_expands_variables_and_caller_environment_wins(tmp_path):
     render(resolve("h100", ROOT / "profiles"), tmp_path)
-    r = run_unit(tmp_path, "vllm-0", VLLM_PYTHON="python3", MODEL_PATH="/tmp/model",
+    r = run_unit(tmp_path, "vllm-0", INFERENCE_PYTHON="python3", MODEL_PATH="/tmp/model",
                  INFERENCE_EXTRA_ARGS="--load-format dummy --port 9")
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.strip()

@@ -57,7 +57,7 @@ def served_model_name(r: Resolved) -> str:
 def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     """The full vLLM command line of one instance. ${VAR} is expanded by inference-run."""
     s, m = r.profile.serving, r.profile.model
-    argv = ["${VLLM_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
+    argv = ["${INFERENCE_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
             "--model", "${MODEL_PATH}",
             "--served-model-name", served_model_name(r),
             "--host", "127.0.0.1", "--port", str(inst.port),
@@ -107,7 +107,7 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     weights = r.target.fp8_hub_id if p.model.quantization == "fp8-checkpoint" else r.target.hub_id
     env = {
         "INFERENCE_UNIT": inst.name,
-        "VLLM_PYTHON": f"{PATHS['vllm_venv']}/bin/python",
+        "INFERENCE_PYTHON": f"{PATHS['vllm_venv']}/bin/python",
         "MODEL_PATH": model_path(p.model.target),
         "MODEL_SOURCE": weights or "local-config",
         "VLLM_CACHE_ROOT": f"{PATHS['cache']}/vllm",

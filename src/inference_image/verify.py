@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass
@@ -58,6 +59,48 @@ def parse_target(spec: str, user: str) -> Target:
     if not host:
         raise VerifyError("--host is empty: give HOST[:PORT], podman://NAME or local://")
     return Target("ssh", host, port, user)
+
+
+def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0) -> tuple[int, str]:
+    """Run one command on the target (exit code, stdout)."""
+    if t.kind == "podman":
+        r = subprocess.run(["podman", "exec", t.host, "sh", "-c", command], capture_output=True,
+                           text=True, timeout=timeout)
+        return r.returncode, r.stdout
+    if t.kind == "local":
+        r = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    try:
+        client.connect(t.host, port=t.port, username=t.user, key_filename=identity, timeout=timeout,
+                       allow_agent=True, look_for_keys=identity is None)
+        _, out, _ = client.exec_command(command, timeout=timeout)
+        text = out.read().decode()
+        return out.channel.recv_exit_status(), text
+    finally:
+        client.close()
+
+
+def wait_ready(t: Target, identity: str | None, seconds: int) -> None:
+    """Wait until the public port answers /health on the machine (a cold start compiles)."""
+    port = "import json; print(json.load(open('" + PROFILE_JSON + "'))['router']['port'])"
+    probe = f'port=$(python3 -c "{port}"); curl -s -o /dev/null -m 5 -w "%{{http_code}}" http://127.0.0.1:$port/health'
+    end = time.monotonic() + seconds
+    last = ""
+    while True:
+        try:
+            _, last = remote(t, identity, probe)
+        except Exception as exc:  # a machine that is still booting fails in many ways
+            last = str(exc)
+        if last.strip() == "200":
+            return
+        if time.monotonic() > end:
+            raise VerifyError(f"the router on {t.host} did not answer /health within {seconds} s "
+                              f"(last: {last.strip() or 'no answer'})")
+        time.sleep(10)
 
 
 def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> None:
@@ -151,6 +194,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if identity and not Path(identity).is_file():
             raise VerifyError(f"--identity {args.identity}: no such file")
         preflight(target, identity)
+        if args.wait:
+            wait_ready(target, identity, args.wait)
     except VerifyError as exc:
         print(f"verify: {exc}", file=sys.stderr)
         return 1
@@ -162,6 +207,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
            f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     if args.api_host:
         cmd.append(f"--api-host={args.api_host}")
+    if args.no_serving:
+        cmd.append("--no-serving")
     if target.kind == "ssh" and target.user != "root":
         cmd.append("--sudo")
     cmd += [str(tests / f"test_{s}.py") for s in suites]
@@ -189,6 +236,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     vp.add_argument("--user", default="root", help="SSH user (sudo is used when not root)")
     vp.add_argument("--identity", help="SSH private key (default: the agent, then ~/.ssh keys)")
     vp.add_argument("--api-host", help="address of the API port from here, if not the SSH host")
+    vp.add_argument("--wait", type=int, default=0, metavar="SECONDS",
+                    help="first wait this long for the router to answer /health (after a boot)")
+    vp.add_argument("--no-serving", action="store_true",
+                    help="the stack cannot run there (a GPU tier baked without its GPU)")
     vp.add_argument("--junit", default="build/verify/junit.xml", help="JUnit XML report path")
     vp.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     vp.set_defaults(func=cmd_verify)

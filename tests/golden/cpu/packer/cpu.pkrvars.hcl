@@ -6,3 +6,5 @@ do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"
 do_base_image  = "debian-12-x64"
 vllm_version   = "0.32.0"
+# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+serve_during_build = true

@@ -6,3 +6,5 @@ do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
 do_base_image  = "ubuntu-24-04-x64"
 vllm_version   = "0.26.0"
+# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+serve_during_build = false

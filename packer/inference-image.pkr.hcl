@@ -1,0 +1,113 @@
+locals {
+  image_name = var.snapshot_name != "" ? var.snapshot_name : "${var.tier}-${var.image_version}-${formatdate("YYYYMMDD-hhmm", timestamp())}"
+  extra_vars = concat([
+    "-e", "@${var.render_dir}/ansible/extra-vars.json",
+    "-e", "inference_render_dir=${var.render_dir}",
+    "-e", "inference_service_start=${var.serve_during_build}",
+  ], flatten([for kv in var.ansible_extra_vars : ["-e", kv]]))
+  ansible_env = [
+    "ANSIBLE_CONFIG=${var.project_dir}/ansible/ansible.cfg",
+    "ANSIBLE_ROLES_PATH=${var.project_dir}/roles",
+    "ANSIBLE_HOST_KEY_CHECKING=False",
+  ]
+  verify = "${var.project_dir}/.venv/bin/inference-image verify --identity ${var.ssh_private_key_file} --profile ${var.tier} --junit ${var.output_dir}/validate-junit.xml --wait ${var.verify_wait_s}"
+}
+
+# A DigitalOcean snapshot. The DigitalOcean API cannot be reached from this project's build host;
+# this source is checked with `packer validate` only (make validate).
+source "digitalocean" "droplet" {
+  api_token            = var.digitalocean_token
+  image                = var.do_base_image
+  region               = var.do_region
+  size                 = var.do_build_size
+  droplet_name         = "build-${local.image_name}"
+  snapshot_name        = local.image_name
+  snapshot_regions     = [var.do_region]
+  tags                 = ["inference-image", "tier-${var.tier}"]
+  user_data_file       = var.user_data_file
+  ssh_username         = "root"
+  ssh_private_key_file = var.ssh_private_key_file
+  ssh_timeout          = "15m"
+}
+
+# A local qcow2 from the Debian 12 base image, under software emulation on this build host.
+source "qemu" "local" {
+  disk_image       = true
+  iso_url          = var.qemu_base_image
+  iso_checksum     = "none"
+  output_directory = "${var.output_dir}/qemu"
+  vm_name          = "${local.image_name}.qcow2"
+  format           = "qcow2"
+  disk_interface   = "virtio"
+  net_device       = "virtio-net"
+  accelerator      = "tcg"
+  cpus             = var.qemu_cpus
+  memory           = var.qemu_memory
+  headless         = true
+  skip_resize_disk = true
+  disk_compression = true
+  # cloud-init's NoCloud source reads the build key from Packer's HTTP server.
+  http_directory = dirname(var.user_data_file)
+  qemuargs = [
+    ["-cpu", "max"],
+    ["-smbios", "type=1,serial=ds=nocloud-net;s=http://{{ .HTTPIP }}:{{ .HTTPPort }}/"],
+  ]
+  ssh_username         = "root"
+  ssh_private_key_file = var.ssh_private_key_file
+  ssh_timeout          = "20m"
+  shutdown_command     = "shutdown -P now"
+  shutdown_timeout     = "10m"
+}
+
+build {
+  name    = "inference-image"
+  sources = ["source.digitalocean.droplet", "source.qemu.local"]
+
+  # The whole serving host, from the render: the same playbook molecule converges.
+  provisioner "ansible" {
+    playbook_file          = "${var.project_dir}/ansible/site.yml"
+    user                   = "root"
+    use_proxy              = false
+    extra_arguments        = local.extra_vars
+    ansible_env_vars       = local.ansible_env
+    ansible_ssh_extra_args = ["-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"]
+  }
+
+  # Prove the image boots into a serving state on its own.
+  provisioner "shell" {
+    inline            = ["systemctl reboot"]
+    expect_disconnect = true
+  }
+
+  # Validation after the reboot: the image_tests suites over SSH.
+  provisioner "shell-local" {
+    pause_before = "20s"
+    inline = [
+      var.serve_during_build
+      ? "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --suite security"
+      : "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --no-serving",
+    ]
+  }
+
+  # Last: strip per-machine state and secrets, check, record version info next to the manifest.
+  provisioner "ansible" {
+    playbook_file          = "${var.project_dir}/ansible/sysprep.yml"
+    user                   = "root"
+    use_proxy              = false
+    extra_arguments        = concat(local.extra_vars, ["-e", "sysprep_version_info_dest=${var.output_dir}/version-info.json"])
+    ansible_env_vars       = local.ansible_env
+    ansible_ssh_extra_args = ["-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"]
+  }
+
+  post-processor "manifest" {
+    output     = "${var.output_dir}/manifest.json"
+    strip_path = false
+    custom_data = {
+      tier           = var.tier
+      profile_sha256 = var.profile_sha256
+      vllm_version   = var.vllm_version
+      image_name     = local.image_name
+      version_info   = "${var.output_dir}/version-info.json"
+    }
+  }
+}
