@@ -7,11 +7,20 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help setup test unit molecule molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit molecule molecule-gpu molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-inputs validate e2e clean
 
 help: ## this list
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+# Debian/Ubuntu packages the targets use (needs root): podman etc. for molecule, Packer and qemu for
+# images, cloud-image-utils for booting them.
+DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
+	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs
+
+deps: ## apt-get install the system packages every target needs (root)
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +31,7 @@ $(BIN)/.installed: requirements.txt pyproject.toml
 
 setup: $(BIN)/.installed ## create .venv with the pinned Python tools and the inference-image CLI
 
-test: unit molecule ## unit tests, then the whole playbook in a systemd container (molecule)
+test: unit molecule molecule-gpu ## unit tests, the whole playbook in a systemd container, the driver role's user space
 
 unit: setup ## unit tests (exit code 5, no tests collected, fails too)
 	@rc=0; $(BIN)/pytest -q tests || rc=$$?; \
@@ -126,6 +135,11 @@ validate: setup ## packer validate, every tier x builder, with a placeholder tok
 
 e2e: setup ## cpu image via qemu, booted like a fresh droplet, image_tests over SSH (slow: software emulation)
 	scripts/e2e-local
+
+molecule-gpu: molecule-inputs ## the nvidia_driver role for h100 in a container: packages, holds, drop-in (no GPU, no kernel module)
+	$(BIN)/inference-image render --profile h100 --out build/h100
+	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_GPU_RENDER_DIR=$(CURDIR)/build/h100 \
+	  $(CURDIR)/$(BIN)/molecule test -s gpu-userspace
 
 verify: setup ## image_tests against HOST=host[:port] (or podman://name) as GPU=<tier>
 	$(BIN)/inference-image verify --host $(HOST) --profile $(GPU)

@@ -66,23 +66,38 @@ def profile(root: Any, request: pytest.FixtureRequest) -> dict[str, Any]:
     return doc
 
 
+@dataclass(frozen=True)
+class HostKey:
+    """The machine's API key, used where it lies: commands read it with $(cat FILE), so the key
+    never appears in a command line (which some backends log, e.g. Ansible to the journal)."""
+
+    path: str
+
+    @property
+    def shell(self) -> str:
+        return f'"$(cat {shlex.quote(self.path)})"'
+
+
 @pytest.fixture(scope="module")
-def api_key(root: Any, profile: dict[str, Any]) -> str:
-    f = root.file(profile["paths"]["api_key"])
-    assert f.exists, f"no API key at {profile['paths']['api_key']} (inference-firstboot makes it)"
-    return f.content_string.strip()
+def api_key(root: Any, profile: dict[str, Any]) -> HostKey:
+    path = profile["paths"]["api_key"]
+    assert root.file(path).exists, f"no API key at {path} (inference-firstboot makes it)"
+    return HostKey(path)
 
 
-def http(root: Any, port: int, path: str, key: str | None = None, method: str = "GET",
+def http(root: Any, port: int, path: str, key: str | HostKey | None = None, method: str = "GET",
          body: Any = None, timeout: int = 120, host: str = "127.0.0.1") -> Http:
     """A request made on the host itself with curl (the instances listen on its loopback)."""
     cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}", "-X", method,
            f"http://{host}:{port}{path}"]
-    if key is not None:
-        cmd += ["-H", f"Authorization: Bearer {key}"]
     if body is not None:
         cmd += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
-    out = root.run(shlex.join(cmd))
+    line = shlex.join(cmd)
+    if isinstance(key, HostKey):
+        line += f' -H "Authorization: Bearer "{key.shell}'
+    elif key is not None:
+        line += " " + shlex.join(["-H", f"Authorization: Bearer {key}"])
+    out = root.run(line)
     assert out.rc == 0, f"curl {method} {path} on port {port} failed: {out.stderr.strip()}"
     text, _, code = out.stdout.rpartition("\n")
     return Http(int(code), text)

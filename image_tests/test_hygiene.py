@@ -18,7 +18,7 @@ IMAGE_JSON = "/etc/inference-image/image.json"
 HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{30,}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def sealed_at(root: Any) -> int:
     f = root.file(IMAGE_JSON)
     if not f.exists:
@@ -72,10 +72,12 @@ def test_no_hub_token_on_disk(root: Any) -> None:
     assert not HF_TOKEN.search(env) and "HF_TOKEN" not in env
 
 
-def test_api_key_only_where_it_belongs(root: Any, profile: dict[str, Any], api_key: str) -> None:
-    allowed = {profile["paths"]["api_key"], profile["paths"]["api_key_map"]}
-    hits = root.run(f"grep -rlsF {api_key} /etc /root /home /opt /var/lib /var/log /var/tmp /tmp /usr/local "
-                    "2>/dev/null").stdout.split()
+def test_api_key_only_where_it_belongs(root: Any, profile: dict[str, Any]) -> None:
+    key_file = profile["paths"]["api_key"]
+    allowed = {key_file, profile["paths"]["api_key_map"]}
+    # -f: the key is read from its file, never put on this command line.
+    hits = root.run(f"grep -rlsF -f {key_file} /etc /root /home /opt /var/lib /var/log /var/tmp /tmp "
+                    "/usr/local 2>/dev/null").stdout.split()
     stray = sorted(set(hits) - allowed)
     assert not stray, f"the API key is also in: {stray}"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import http, tcp_open
+from conftest import HostKey, http, tcp_open
 
 pytestmark = [pytest.mark.suite("security"), pytest.mark.serving]
 
@@ -40,7 +40,7 @@ def test_health_needs_no_key(root: Any, profile: dict[str, Any]) -> None:
     assert http(root, profile["router"]["port"], "/health").status == 200
 
 
-def test_right_key_accepted(root: Any, profile: dict[str, Any], api_key: str) -> None:
+def test_right_key_accepted(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
     assert http(root, profile["router"]["port"], "/v1/models", key=api_key).status == 200
 
 
@@ -70,14 +70,28 @@ def test_firewall_denies_by_default(root: Any) -> None:
     assert "policy drop" in rules.stdout
 
 
-def _pids(root: Any, pattern: str) -> list[str]:
-    return root.run(f"pgrep -f -- {pattern!r}").stdout.split()
+def _main_pid(root: Any, unit: str) -> tuple[str, str]:
+    """(pid, user) of a unit's main process, from systemd (process titles change: vllm-router
+    calls itself vllm::router)."""
+    pid = root.run(f"systemctl show -p MainPID --value {unit}").stdout.strip()
+    assert pid and pid != "0", f"{unit} has no main process"
+    return pid, root.run(f"ps -o user:32= -p {pid}").stdout.strip()
+
+
+def _units(profile: dict[str, Any]) -> list[str]:
+    return [f"vllm@{i['name']}.service" for i in profile["instances"]] + ["vllm-router.service"]
 
 
 def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
-    for pid in _pids(root, "vllm.entrypoints.openai.api_server"):
-        env = root.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
-        assert "VLLM_SERVER_DEV_MODE=1" not in env, f"pid {pid} runs with VLLM_SERVER_DEV_MODE=1"
+    units_dir = profile["paths"]["units"]
+    assert root.run(f"grep -rl VLLM_SERVER_DEV_MODE {units_dir}").stdout.strip() == "", \
+        f"a unit file in {units_dir} sets VLLM_SERVER_DEV_MODE"
+    for unit in _units(profile):
+        pid, _ = _main_pid(root, unit)
+        env = root.run(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+        # Without CAP_SYS_PTRACE (a container) root cannot read another user's environment.
+        if env.rc == 0:
+            assert "VLLM_SERVER_DEV_MODE=1" not in env.stdout, f"{unit} runs with VLLM_SERVER_DEV_MODE=1"
     # Dev-mode routes exist only with VLLM_SERVER_DEV_MODE=1.
     inst = profile["instances"][0]
     assert http(root, inst["port"], "/reset_prefix_cache", method="POST").status == 404
@@ -85,19 +99,18 @@ def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
 
 def test_services_not_root(root: Any, profile: dict[str, Any]) -> None:
     user = profile["service_user"]
-    for pattern in ("vllm.entrypoints.openai.api_server", "vllm-router"):
-        pids = _pids(root, pattern)
-        assert pids, f"no {pattern} process"
-        for pid in pids:
-            owner = root.run(f"ps -o user= -p {pid}").stdout.strip()
-            assert owner == user, f"{pattern} pid {pid} runs as {owner}"
+    for unit in _units(profile):
+        pid, owner = _main_pid(root, unit)
+        assert owner == user, f"{unit} (pid {pid}) runs as {owner}"
     workers = root.run("ps -o user= -C nginx").stdout.split()
     assert workers and set(workers) - {"root"}, "nginx has no unprivileged workers"
 
 
-def test_api_key_private(root: Any, profile: dict[str, Any], api_key: str) -> None:
+def test_api_key_private(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
     for path in (profile["paths"]["api_key"], profile["paths"]["api_key_map"]):
         f = root.file(path)
         assert f.user == "root" and f.mode & 0o077 == 0, f"{path} is {oct(f.mode)} {f.user}:{f.group}"
+    key = root.file(api_key.path).content_string.strip()
+    assert len(key) >= 32, "the API key is shorter than 32 characters"
     args = root.run("ps -eo args").stdout
-    assert api_key not in args, "the API key is on a command line (visible to every user)"
+    assert key not in args, "the API key is on a command line (visible to every user)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import http, wait_for
+from conftest import HostKey, http, wait_for
 
 pytestmark = pytest.mark.suite("smoke")
 
@@ -43,7 +43,7 @@ def test_router_answers(root: Any, profile: dict[str, Any]) -> None:
 
 
 @pytest.mark.serving
-def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: str) -> None:
+def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
     r = http(root, profile["router"]["port"], "/v1/models", key=api_key)
     assert r.status == 200, r.body
     ids = [m["id"] for m in r.json()["data"]]
@@ -51,7 +51,7 @@ def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: str
 
 
 @pytest.mark.serving
-def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_key: str) -> None:
+def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
     body = {"model": profile["served_model_name"], "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": "Say something about GPUs."}]}
     r = http(root, profile["router"]["port"], "/v1/chat/completions", key=api_key, method="POST",
@@ -73,15 +73,15 @@ def _served(root: Any, port: int) -> float:
 
 @pytest.mark.serving
 def test_router_spreads_requests_over_instances(root: Any, profile: dict[str, Any],
-                                                api_key: str) -> None:
+                                                api_key: HostKey) -> None:
     if len(profile["instances"]) < 2:
         pytest.skip("one instance")
     before = {i["name"]: _served(root, i["port"]) for i in profile["instances"]}
     port, model = profile["router"]["port"], profile["served_model_name"]
     # Different first words: cache-aware routing has no shared prefix to keep on one instance,
     # so it balances by load. Sent concurrently from the host itself.
-    script = " & ".join(
-        f"curl -s -o /dev/null -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' -d "
+    script = f"key={api_key.shell}; " + " & ".join(
+        f"curl -s -o /dev/null -H \"Authorization: Bearer $key\" -H 'Content-Type: application/json' -d "
         f"'{{\"model\":\"{model}\",\"prompt\":\"{w} is the first word of request {n}\",\"max_tokens\":8}}' "
         f"http://127.0.0.1:{port}/v1/completions"
         for n, w in enumerate(["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",

