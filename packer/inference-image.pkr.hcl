@@ -65,12 +65,14 @@ build {
 
   # The whole serving host, from the render: the same playbook molecule converges.
   provisioner "ansible" {
-    playbook_file          = "${var.project_dir}/ansible/site.yml"
-    user                   = "root"
-    use_proxy              = false
-    extra_arguments        = local.extra_vars
-    ansible_env_vars       = local.ansible_env
-    ansible_ssh_extra_args = ["-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"]
+    playbook_file    = "${var.project_dir}/ansible/site.yml"
+    user             = "root"
+    use_proxy        = false
+    extra_arguments  = local.extra_vars
+    ansible_env_vars = local.ansible_env
+    # One element without spaces: Packer 1.6.6 mangles anything longer. Host key checking is off
+    # through ANSIBLE_HOST_KEY_CHECKING (a build machine is new every time).
+    ansible_ssh_extra_args = ["-oUserKnownHostsFile=/dev/null"]
   }
 
   # Prove the image boots into a serving state on its own.
@@ -91,12 +93,14 @@ build {
 
   # Last: strip per-machine state and secrets, check, record version info next to the manifest.
   provisioner "ansible" {
-    playbook_file          = "${var.project_dir}/ansible/sysprep.yml"
-    user                   = "root"
-    use_proxy              = false
-    extra_arguments        = concat(local.extra_vars, ["-e", "sysprep_version_info_dest=${var.output_dir}/version-info.json"])
-    ansible_env_vars       = local.ansible_env
-    ansible_ssh_extra_args = ["-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"]
+    playbook_file    = "${var.project_dir}/ansible/sysprep.yml"
+    user             = "root"
+    use_proxy        = false
+    extra_arguments  = concat(local.extra_vars, ["-e", "sysprep_version_info_dest=${var.output_dir}/version-info.json"])
+    ansible_env_vars = local.ansible_env
+    # One element without spaces: Packer 1.6.6 mangles anything longer. Host key checking is off
+    # through ANSIBLE_HOST_KEY_CHECKING (a build machine is new every time).
+    ansible_ssh_extra_args = ["-oUserKnownHostsFile=/dev/null"]
   }
 
   post-processor "manifest" {
