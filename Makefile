@@ -8,7 +8,7 @@ GPU ?= cpu
 OUT ?= build/$(GPU)
 
 .PHONY: help deps setup test unit molecule molecule-gpu molecule-inputs lint render validate-profiles profiles golden \
-	gpu-proof-help verify image image-inputs validate e2e clean
+	gpu-proof-help verify image image-guard image-inputs validate e2e clean
 
 help: ## this list
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -60,7 +60,7 @@ molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
 	$(BIN)/ruff check src tests image_tests scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
-	  site.yml sysprep.yml ../roles
+	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/e2e-local \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s validate
@@ -98,11 +98,16 @@ image-inputs: setup
 
 PACKER_VARS = -var-file=build/$(GPU)/packer/$(GPU).pkrvars.hcl -var image_version=$(IMAGE_VERSION) \
 	-var project_dir=$(CURDIR) -var render_dir=$(CURDIR)/build/$(GPU) -var output_dir=$(CURDIR)/$(IMAGE_OUT) \
-	-var ssh_private_key_file=$(CURDIR)/$(IMAGE_OUT)/id_ed25519 -var user_data_file=$(CURDIR)/$(IMAGE_OUT)/seed/user-data
+	-var ssh_private_key_file=$(CURDIR)/$(IMAGE_OUT)/id_ed25519 -var user_data_file=$(CURDIR)/$(IMAGE_OUT)/seed/user-data \
+	$(PACKER_ARGS)
+# e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
-image: image-inputs ## build GPU=<tier> BUILDER=digitalocean (snapshot; needs DIGITALOCEAN_TOKEN) or BUILDER=qemu (local qcow2)
+image-guard:
+	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
+	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
+
+image: image-guard image-inputs ## build GPU=<tier> BUILDER=digitalocean (snapshot; needs DIGITALOCEAN_TOKEN) or BUILDER=qemu (local qcow2)
 ifeq ($(BUILDER),digitalocean)
-	@[ -n "$${DIGITALOCEAN_TOKEN:-}" ] || { echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; }
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_digitalocean) $(PACKER_VARS) packer/
 else
 	[ -s $(BASE_IMAGE) ] || scripts/make-base-image $(BASE_IMAGE)

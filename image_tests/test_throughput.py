@@ -46,8 +46,10 @@ def test_no_failed_requests(measured: dict[str, Any]) -> None:
     assert measured["failed"] == 0 and measured["completed"] > 0, measured
 
 
-def test_output_throughput(measured: dict[str, Any]) -> None:
+def test_output_throughput(measured: dict[str, Any], record_property: Any) -> None:
     t = measured["targets"]
+    for k in ("output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "completed", "duration_s"):
+        record_property(k, measured[k])  # in the JUnit XML
     assert measured["output_tok_s"] >= t["output_tok_s"], (
         f"{t['scenario']} c={t['concurrency']}: output {measured['output_tok_s']:.1f} tok/s, "
         f"target >= {t['output_tok_s']}")

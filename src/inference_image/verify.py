@@ -194,6 +194,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if identity and not Path(identity).is_file():
             raise VerifyError(f"--identity {args.identity}: no such file")
         preflight(target, identity)
+        tier_py = "import json; print(json.load(open('" + PROFILE_JSON + "'))['tier'])"
+        rc, built = remote(target, identity, f'python3 -c "{tier_py}"')
+        if rc == 0 and built.strip() != args.profile:
+            raise VerifyError(f"{args.host} was built for tier {built.strip()}, not {args.profile}")
         if args.wait:
             wait_ready(target, identity, args.wait)
     except VerifyError as exc:
