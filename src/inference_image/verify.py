@@ -73,6 +73,7 @@ def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0)
     import paramiko
 
     client = paramiko.SSHClient()
+    # A droplet made from the snapshot has new host keys: nothing to pin them against yet.
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     try:
         client.connect(t.host, port=t.port, username=t.user, key_filename=identity, timeout=timeout,
@@ -80,6 +81,12 @@ def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0)
         _, out, _ = client.exec_command(command, timeout=timeout)
         text = out.read().decode()
         return out.channel.recv_exit_status(), text
+    except paramiko.AuthenticationException:
+        raise VerifyError(f"{t.user}@{t.host}:{t.port} refused the SSH key "
+                          f"({'--identity ' + identity if identity else 'agent and default keys'}); "
+                          "pass --identity or --user") from None
+    except (paramiko.SSHException, OSError) as exc:
+        raise VerifyError(f"SSH to {t.host}:{t.port} failed: {exc}") from None
     finally:
         client.close()
 
@@ -103,8 +110,9 @@ def wait_ready(t: Target, identity: str | None, seconds: int) -> None:
         time.sleep(10)
 
 
-def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> None:
-    """One clear line for the usual ways a verify run cannot start."""
+def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> str:
+    """One clear line for the usual ways a verify run cannot start. Returns the tier the machine
+    was built for (from its profile.json)."""
     if t.kind == "podman":
         if not shutil.which("podman"):
             raise VerifyError("podman is not installed here")
@@ -112,39 +120,19 @@ def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> None:
                            capture_output=True, text=True)
         if r.returncode or r.stdout.strip() != "true":
             raise VerifyError(f"no running container named {t.host}")
-        r = subprocess.run(["podman", "exec", t.host, "test", "-f", PROFILE_JSON])
-        if r.returncode:
-            raise VerifyError(f"{t.host} is not an inference-image build (no {PROFILE_JSON})")
-        return
-    if t.kind == "local":
-        if not Path(PROFILE_JSON).is_file():
-            raise VerifyError(f"this machine is not an inference-image build (no {PROFILE_JSON})")
-        return
-    try:
-        socket.create_connection((t.host, t.port), timeout=timeout).close()
-    except socket.gaierror:
-        raise VerifyError(f"{t.host}: no such host (DNS lookup failed)") from None
-    except OSError as exc:
-        raise VerifyError(f"cannot reach {t.host}:{t.port} over SSH ({exc.strerror or exc})") from None
-    import paramiko
-
-    client = paramiko.SSHClient()
-    # A droplet made from the snapshot has new host keys: nothing to pin them against yet.
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    try:
-        client.connect(t.host, port=t.port, username=t.user, key_filename=identity, timeout=timeout,
-                       allow_agent=True, look_for_keys=identity is None)
-        _, out, _ = client.exec_command(f"test -f {PROFILE_JSON} && echo yes || echo no", timeout=timeout)
-        if out.read().decode().strip() != "yes":
-            raise VerifyError(f"{t.host} is not an inference-image build (no {PROFILE_JSON})")
-    except paramiko.AuthenticationException:
-        raise VerifyError(f"{t.user}@{t.host}:{t.port} refused the SSH key "
-                          f"({'--identity ' + identity if identity else 'agent and default keys'}); "
-                          "pass --identity or --user") from None
-    except (paramiko.SSHException, OSError) as exc:
-        raise VerifyError(f"SSH to {t.host}:{t.port} failed: {exc}") from None
-    finally:
-        client.close()
+    elif t.kind == "ssh":
+        try:
+            socket.create_connection((t.host, t.port), timeout=timeout).close()
+        except socket.gaierror:
+            raise VerifyError(f"{t.host}: no such host (DNS lookup failed)") from None
+        except OSError as exc:
+            raise VerifyError(f"cannot reach {t.host}:{t.port} over SSH ({exc.strerror or exc})") from None
+    read_tier = "import json; print(json.load(open('" + PROFILE_JSON + "'))['tier'])"
+    rc, tier = remote(t, identity, f'python3 -c "{read_tier}" 2>/dev/null', timeout=timeout)
+    if rc != 0 or not tier.strip():
+        what = "this machine" if t.kind == "local" else t.host
+        raise VerifyError(f"{what} is not an inference-image build (no {PROFILE_JSON})")
+    return tier.strip()
 
 
 def summarize(junit: Path) -> tuple[str, bool]:
@@ -193,11 +181,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         identity = os.path.expanduser(args.identity) if args.identity else None
         if identity and not Path(identity).is_file():
             raise VerifyError(f"--identity {args.identity}: no such file")
-        preflight(target, identity)
-        tier_py = "import json; print(json.load(open('" + PROFILE_JSON + "'))['tier'])"
-        rc, built = remote(target, identity, f'python3 -c "{tier_py}"')
-        if rc == 0 and built.strip() != args.profile:
-            raise VerifyError(f"{args.host} was built for tier {built.strip()}, not {args.profile}")
+        built = preflight(target, identity)
+        if built != args.profile:
+            raise VerifyError(f"{args.host} was built for tier {built}, not {args.profile}")
         if args.wait:
             wait_ready(target, identity, args.wait)
     except VerifyError as exc:
