@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit molecule molecule-gpu molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit molecule molecule-gpu molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate e2e clean
 
 help: ## this list
@@ -42,10 +42,12 @@ unit: setup ## unit tests (exit code 5, no tests collected, fails too)
 MOLECULE_IMAGE := localhost/inference-image/debian12-systemd
 export CONTAINERS_CONF := $(CURDIR)/ansible/molecule/containers.conf
 
-molecule-inputs: setup
+molecule-image: setup
 	@for t in podman runc mmdebstrap; do command -v $$t >/dev/null || \
 	  { echo "make molecule: $$t is missing: apt-get install podman runc mmdebstrap (or run .ci/run)" >&2; exit 1; }; done
 	scripts/make-rootfs build/rootfs/debian12-systemd.tar --import $(MOLECULE_IMAGE)
+
+molecule-inputs: molecule-image
 	$(BIN)/inference-image render --profile cpu --out build/cpu
 	scripts/fetch-wheels build/cpu
 
@@ -86,7 +88,6 @@ PACKER_ONLY_digitalocean := inference-image.digitalocean.droplet
 PACKER_ONLY_qemu := inference-image.qemu.local
 
 image-inputs: setup
-	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
 	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
 	mkdir -p $(IMAGE_OUT)/seed
 	[ -s $(IMAGE_OUT)/id_ed25519 ] || ssh-keygen -q -t ed25519 -N '' -C "inference-image-build-$(GPU)" -f $(IMAGE_OUT)/id_ed25519
@@ -135,7 +136,7 @@ validate: setup ## packer validate, every tier x builder, with a placeholder tok
 e2e: setup ## cpu image via qemu, booted like a fresh droplet, image_tests over SSH (slow: software emulation)
 	scripts/e2e-local
 
-molecule-gpu: molecule-inputs ## the nvidia_driver role for h100 in a container: packages, holds, drop-in (no GPU, no kernel module)
+molecule-gpu: molecule-image ## the nvidia_driver role for h100 in a container: packages, holds, drop-in (no GPU, no kernel module)
 	$(BIN)/inference-image render --profile h100 --out build/h100
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_GPU_RENDER_DIR=$(CURDIR)/build/h100 \
 	  $(CURDIR)/$(BIN)/molecule test -s gpu-userspace
