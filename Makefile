@@ -57,7 +57,7 @@ molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12
 	  INFERENCE_WHEELS=$(CURDIR)/build/wheels $(CURDIR)/$(BIN)/molecule test
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
-	$(BIN)/ruff check src tests image_tests scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py
+	$(BIN)/ruff check src tests image_tests scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py plugins/vllm
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/e2e-local scripts/fetch-wheels \
@@ -111,7 +111,8 @@ else
 	[ -s $(BASE_IMAGE) ] || scripts/make-base-image $(BASE_IMAGE)
 	@if [ "$(GPU)" = cpu ]; then \
 	  set -- $$(scripts/fetch-wheels build/cpu); \
-	  extra='-var ansible_extra_vars=["vllm_wheel_dir='$$1'","inference_service_router_wheel_dir='$$2'"]'; \
+	  ln -sfn $(CURDIR)/build/wheels $(IMAGE_OUT)/seed/wheels; \
+	  extra='-var http_wheel_dirs={vllm_wheel_dir="wheels/'$${1##*/}'",inference_service_router_wheel_dir="wheels/'$${2##*/}'"}'; \
 	else \
 	  extra='-var serve_during_build=false -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"]'; \
 	fi; \

@@ -216,7 +216,7 @@ def assemble(d: str, out: str) -> None:
     bw = _load(w / "bandwidth.json") or {}
     info = _load(w / "info.json") or {}
     runs = []
-    for cfg in ("vanilla", "optimized", "optimized-capture", "optimized-torchmm",
+    for cfg in ("vanilla", "optimized", "optimized-gemv", "optimized-capture", "optimized-torchmm",
                 "optimized-fp8ct", "spec"):
         data = _load(w / "bench" / f"{cfg}.json")
         for r in (data or {}).get("runs", []):
@@ -227,7 +227,7 @@ def assemble(d: str, out: str) -> None:
     ctx = 512 + 256  # mean context over a 512-in / 512-out request
     quant = {"vanilla": ("none", "auto"), "optimized": (r.profile.model.quantization,
                                                         r.profile.model.kv_cache_dtype)}
-    for extra in ("optimized-capture", "optimized-torchmm", "optimized-fp8ct"):
+    for extra in ("optimized-gemv", "optimized-capture", "optimized-torchmm", "optimized-fp8ct"):
         quant[extra] = ("fp8", "fp8")
     roofline = {}
     for cfg, (q, kv) in quant.items():
@@ -249,6 +249,7 @@ def assemble(d: str, out: str) -> None:
         "ready_s": _load(w / "ready.json") or {},
         "backends": _load(w / "backends.json") or {},
         "gemm": _load(w / "gemm.json"),
+        "fp8_gemv": _load(w / "fp8-gemv-report.json"),
         "speculative": {"greedy": _compare_greedy(_load(w / "greedy-optimized.json"),
                                                   _load(w / "greedy-spec.json")),
                         "counters": _load(w / "spec-metrics.json") or {}},

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 a4b6b92a5c3e63c18c9e14295d81735ecc9ccf932cd506eb47bae312b40a4698): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 81ed7ad71c38e70ceeda83b98a142d3f55687892e69a35afa0d92231a1cfc972): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "a4b6b92a5c3e63c18c9e14295d81735ecc9ccf932cd506eb47bae312b40a4698"
+profile_sha256 = "81ed7ad71c38e70ceeda83b98a142d3f55687892e69a35afa0d92231a1cfc972"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
