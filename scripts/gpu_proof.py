@@ -33,6 +33,18 @@ CT_FP8 = {"quant_method": "compressed-tensors", "format": "float-quantized",
                                     "dynamic": True, "symmetric": True}}}}
 
 
+# The llm-compressor "FP8" scheme: per-tensor static weights and activations (input_scale tensors
+# in the checkpoint), so quantizing an activation is one multiply that fuses into the norm before.
+CT_FP8_STATIC = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                 "quantization_status": "compressed", "ignore": ["lm_head"],
+                 "config_groups": {"group_0": {
+                     "targets": ["Linear"],
+                     "weights": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                 "dynamic": False, "symmetric": True},
+                     "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                           "dynamic": False, "symmetric": True}}}}
+
+
 def _variant(src: Path, dst: Path, change: dict[str, Any]) -> None:
     if dst.exists():
         shutil.rmtree(dst)
@@ -46,7 +58,8 @@ def prep_models(src: str) -> None:
     s = Path(src)
     _variant(s, Path(f"{src}-draft"), DRAFT_1B)
     _variant(s, Path(f"{src}-fp8ct"), {"quantization_config": CT_FP8})
-    print(f"made {src}-draft (1B shapes) and {src}-fp8ct (compressed-tensors FP8)")
+    _variant(s, Path(f"{src}-fp8static"), {"quantization_config": CT_FP8_STATIC})
+    print(f"made {src}-draft (1B shapes), {src}-fp8ct and {src}-fp8static (compressed-tensors FP8)")
 
 
 def _time_ms(fn: Any, reps: int = 30) -> float:
@@ -216,8 +229,10 @@ def assemble(d: str, out: str) -> None:
     bw = _load(w / "bandwidth.json") or {}
     info = _load(w / "info.json") or {}
     runs = []
-    for cfg in ("vanilla", "optimized", "optimized-gemv", "optimized-capture", "optimized-torchmm",
-                "optimized-fp8ct", "spec"):
+    # Every config benchmarked in this run: vanilla first, then the profile, then the variants.
+    names = sorted((p.stem for p in (w / "bench").glob("*.json")),
+                   key=lambda n: (n != "vanilla", n != "optimized", n))
+    for cfg in names:
         data = _load(w / "bench" / f"{cfg}.json")
         for r in (data or {}).get("runs", []):
             runs.append({k: r[k] for k in ("config", "scenario", "concurrency", "output_tok_s",
@@ -225,10 +240,10 @@ def assemble(d: str, out: str) -> None:
                                            "tpot_ms_mean", "itl_ms_p99")})
     r = resolve("h100")
     ctx = 512 + 256  # mean context over a 512-in / 512-out request
-    quant = {"vanilla": ("none", "auto"), "optimized": (r.profile.model.quantization,
-                                                        r.profile.model.kv_cache_dtype)}
-    for extra in ("optimized-gemv", "optimized-capture", "optimized-torchmm", "optimized-fp8ct"):
-        quant[extra] = ("fp8", "fp8")
+    # Bytes per token: bf16 for vanilla, the profile's FP8 weights and KV cache for the rest.
+    quant = {cfg: ("none", "auto") if cfg == "vanilla" else
+             (r.profile.model.quantization, r.profile.model.kv_cache_dtype)
+             for cfg in names if not cfg.startswith(("spec", "two"))}
     roofline = {}
     for cfg, (q, kv) in quant.items():
         c1 = next((x for x in runs if x["config"] == cfg and x["scenario"] == "chat"
@@ -250,6 +265,7 @@ def assemble(d: str, out: str) -> None:
         "backends": _load(w / "backends.json") or {},
         "gemm": _load(w / "gemm.json"),
         "fp8_gemv": _load(w / "fp8-gemv-report.json"),
+        "fp8_pad": _load(w / "fp8-pad-report.json"),
         "speculative": {"greedy": _compare_greedy(_load(w / "greedy-optimized.json"),
                                                   _load(w / "greedy-spec.json")),
                         "counters": _load(w / "spec-metrics.json") or {}},
@@ -258,12 +274,12 @@ def assemble(d: str, out: str) -> None:
     # The table last: that is what the device reply shows.
     van = {(x["scenario"], x["concurrency"]): x for x in runs if x["config"] == "vanilla"}
     print(f"\n{doc['gpu']}  vLLM {doc['vllm_version']}  read BW {bw.get('read_bw_tbs')} TB/s")
-    print(f"{'cfg':<16}{'scen':<14}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'TTFTp99':>9}"
+    print(f"{'cfg':<20}{'scen':<14}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'TTFTp99':>9}"
           f"{'TPOT':>7}")
     for x in runs:
         v = van.get((x["scenario"], x["concurrency"]))
         ratio = x["output_tok_s"] / v["output_tok_s"] if v and v["output_tok_s"] else 0
-        print(f"{x['config']:<16}{x['scenario']:<14}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}"
+        print(f"{x['config']:<20}{x['scenario']:<14}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}"
               f"{ratio:>7.2f}{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>9.1f}"
               f"{x['tpot_ms_mean']:>7.2f}")
     for cfg, rf in roofline.items():

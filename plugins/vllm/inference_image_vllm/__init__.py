@@ -1,9 +1,9 @@
 """vLLM plugin of inference-image (entry point `vllm.general_plugins`).
 
 vLLM loads it in every process it starts (API server, engine core, workers). It does nothing
-unless INFERENCE_IMAGE_FP8_GEMV=1, which the rendered unit environment sets for profiles with
-`serving.fp8_decode_kernel: true`; then FP8 linear layers of decode-sized batches run the
-project's kernel (fp8_gemv.py) and larger batches run vLLM's own Cutlass path unchanged.
+unless INFERENCE_IMAGE_FP8_PAD=1, which the rendered unit environment sets for profiles with
+`serving.fp8_batch_padding: true`; then FP8 linear layers run vLLM's Cutlass GEMM with
+decode batches padded to the row count it runs fastest at (fp8_pad.py).
 """
 
 import logging
@@ -13,7 +13,7 @@ logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configur
 
 
 def enabled() -> bool:
-    return os.environ.get("INFERENCE_IMAGE_FP8_GEMV", "0") == "1"
+    return os.environ.get("INFERENCE_IMAGE_FP8_PAD", "0") == "1"
 
 
 def register() -> None:
@@ -28,4 +28,4 @@ def register() -> None:
 
         vllm_kernel.install()
     except Exception:  # the server must still start, on vLLM's own kernels
-        logger.exception("inference-image FP8 decode kernel not installed; vLLM's kernels serve")
+        logger.exception("inference-image FP8 batch padding not installed; vLLM's kernels serve")

@@ -1,76 +1,25 @@
-"""Check and tune the FP8 decode kernel on this GPU against vLLM's Cutlass path.
+"""Measure vLLM's Cutlass FP8 GEMM at every batch size and choose the padding table.
 
     python -m inference_image_vllm.tune --tuning OUT.json [--report REPORT.json]
 
-1. Correctness: per-tensor and per-channel scales, with and without bias, every M bucket,
-   split-K on and off, against a float32 reference.
-2. For each Llama-3.1-8B projection (qkv, o, gate_up, down) and M bucket: the fastest config.
-3. Per projection and M (1..64): this kernel vs activation quant + Cutlass, both timed inside
-   one CUDA graph over enough weight copies to defeat the L2 (as vLLM serves decode); max_m is
-   the largest M up to which this kernel is never slower.
+For each Llama-3.1-8B projection (qkv, o, gate_up, down) and M = 1..128: Cutlass' time with the
+activations already in FP8 (as vLLM serves them), inside one CUDA graph over enough weight copies
+to defeat the L2. Where a larger M runs faster, the padded path (zero rows + Cutlass + slice) is
+timed too, and M pads only where that whole path wins. Padding is also checked for correctness.
 """
 
 import argparse
-import itertools
 import json
 import sys
 import time
 from collections.abc import Callable
 
 import torch
-import triton
 
-from . import fp8_gemv
-from .fp8_gemv import Config
+from . import fp8_pad
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
-MS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 FP8 = torch.float8_e4m3fn
-
-
-def candidates(b: int) -> list[Config]:
-    if b == 16:
-        grid = itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4), (4,), (3, 5))
-        return [Config(16, bn, bk, sk, w, st) for bn, bk, sk, w, st in grid]
-    if b == 32:
-        grid = itertools.product((32, 64, 128), (128, 256), (1, 2), (4,), (3, 4))
-        return [Config(32, bn, bk, sk, w, st) for bn, bk, sk, w, st in grid]
-    grid = itertools.product((64, 128), (64, 128), (1, 2), (4, 8), (3,))
-    return [Config(64, bn, bk, sk, w, st) for bn, bk, sk, w, st in grid]
-
-
-def quantize(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] bf16 -> ([K, N] fp8 view of an [N, K] tensor, as vLLM stores it; scale)."""
-    amax = w.abs().amax(dim=1, keepdim=True) if per_channel else w.abs().amax()
-    s = (amax.float() / torch.finfo(FP8).max).clamp(min=1e-12)
-    q = (w.float() / s).clamp(-448, 448).to(FP8)
-    return q.t(), (s.reshape(-1) if per_channel else s.reshape(1))
-
-
-def check() -> list[dict]:
-    rows = []
-    torch.manual_seed(0)
-    for (name, (k, n)), per_channel, with_bias in itertools.product(
-            [("o", SHAPES["o"]), ("odd", (1000, 272))], (False, True), (False, True)):
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        wq, s = quantize(w, per_channel)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
-        ref_w = wq.float() * (s if per_channel else s[0])
-        for m, sk in itertools.product((1, 5, 16, 33, 64), (1, 2, 4)):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.float() @ ref_w + (bias.float() if bias is not None else 0)
-            b = fp8_gemv.bucket(m)
-            cfg = Config(b, 32 if b == 16 else 64, 128, sk)
-            got = fp8_gemv.w8a16_mm(x, wq, s, bias, cfg).float()
-            err = ((got - ref).norm() / ref.norm()).item()
-            rows.append({"shape": name, "m": m, "split_k": sk, "per_channel": per_channel,
-                         "bias": with_bias, "rel_err": err, "ok": err < 1e-2})
-    bad = [r for r in rows if not r["ok"]]
-    print(f"correctness: {len(rows) - len(bad)}/{len(rows)} within 1e-2 of the float32 reference;"
-          f" worst {max(r['rel_err'] for r in rows):.2e}")
-    for r in bad[:10]:
-        print("  FAIL", r)
-    return rows
 
 
 def graph_us(fns: list[Callable[[], object]], reps: int = 20) -> float:
@@ -95,81 +44,82 @@ def graph_us(fns: list[Callable[[], object]], reps: int = 20) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tuning", required=True, help="where to write the tuning JSON")
-    ap.add_argument("--report", help="full measurements as JSON")
+    ap.add_argument("--tuning", required=True, help="where to write the padding table (JSON)")
+    ap.add_argument("--report", help="every measurement, as JSON")
+    ap.add_argument("--max-m", type=int, default=fp8_pad.MAX_M)
     args = ap.parse_args()
     from vllm import _custom_ops as ops
 
     t_start = time.time()
-    report: dict = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
-                    "torch": torch.__version__, "check": check()}
-    if not all(r["ok"] for r in report["check"]):
-        sys.exit("tune: the kernel is wrong on this GPU; not tuning")
-    configs: dict[str, list[int]] = {}
-    max_m: dict[str, int] = {}
-    rows = []
+    torch.manual_seed(0)
+    ms = range(1, args.max_m + 1)
+    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
+    pad_to: dict[str, list[int]] = {}
     for name, (k, n) in SHAPES.items():
-        copies = max(2, -(-512 * 2**20 // (k * n)))  # >= 512 MB of fp8 weights (L2: 50-60 MB)
-        ws = [quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, False)
-              for _ in range(copies)]
-        xs = {m: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m in MS}
+        copies = max(2, -(-512 * 2**20 // (k * n)))  # >= 512 MB of FP8 weights (L2: 50-60 MB)
+        ws = []
+        for _ in range(copies):
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            q, s = ops.scaled_fp8_quant(w)
+            ws.append((q.t(), s))  # [K, N] column-major, as vLLM stores it for Cutlass
+        x = torch.randn(args.max_m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = ops.scaled_fp8_quant(x)
 
-        def ours(m: int, cfg: Config, ws=ws, xs=xs) -> float:
-            return graph_us([lambda w=w, s=s: fp8_gemv.w8a16_mm(xs[m], w, s, None, cfg) for w, s in ws])
+        def plain(m: int, ws=ws, xq=xq, xs=xs) -> float:
+            return graph_us([lambda w=w, s=s: ops.cutlass_scaled_mm(xq[:m], w, xs, s, torch.bfloat16)
+                             for w, s in ws])
 
-        def cutlass(m: int, quant: bool, ws=ws, xs=xs) -> float:
-            xq, xsc = ops.scaled_fp8_quant(xs[m])
-            if quant:
-                def one(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-                    q, qs = ops.scaled_fp8_quant(xs[m])
-                    return ops.cutlass_scaled_mm(q, w, qs, s, out_dtype=torch.bfloat16)
+        def padded(m: int, p: int, ws=ws, xq=xq, xs=xs) -> float:
+            def one(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+                a = fp8_pad.pad_rows(xq[:m], p - m)
+                return ops.cutlass_scaled_mm(a, w, xs, s, torch.bfloat16)[:m]
+            return graph_us([lambda w=w, s=s: one(w, s) for w, s in ws])
 
-                return graph_us([lambda w=w, s=s: one(w, s) for w, s in ws])
-            return graph_us([lambda w=w, s=s: ops.cutlass_scaled_mm(
-                xq, w, xsc, s, out_dtype=torch.bfloat16) for w, s in ws])
-
-        best: dict[int, Config] = {}
-        for b in fp8_gemv.BUCKETS:
-            probe = (1, 16) if b == 16 else (b,)
-            scored = []
-            for cfg in candidates(b):
-                try:
-                    scored.append((sum(ours(m, cfg) for m in probe), cfg))
-                except Exception as exc:  # out of shared memory and the like: not a candidate
-                    print(f"  {name} {cfg}: {type(exc).__name__}", file=sys.stderr)
-            scored.sort(key=lambda t: t[0])
-            best[b] = scored[0][1]
-            configs[f"{b},{n},{k}"] = list(best[b].__dict__.values())
-            print(f"{name} bucket {b}: best {best[b]} ({scored[0][0]:.1f} us over {probe})", flush=True)
-        winning, still = 0, True
-        for m in MS:
-            t_ours = ours(m, best[fp8_gemv.bucket(m)])
-            t_cq, t_c = cutlass(m, True), cutlass(m, False)
-            rows.append({"gemm": name, "k": k, "n": n, "m": m, "ours_us": round(t_ours, 2),
-                         "cutlass_quant_us": round(t_cq, 2), "cutlass_us": round(t_c, 2),
-                         "ours_gbs": round(k * n / t_ours / 1e3), "cutlass_gbs": round(k * n / t_c / 1e3),
-                         "speedup": round(t_cq / t_ours, 2)})
-            print(json.dumps(rows[-1]), flush=True)
-            still = still and t_ours <= t_cq
-            if still:
-                winning = m
-        max_m[f"{n},{k}"] = winning
+        t = {m: plain(m) for m in ms}
+        # Correctness of the padded path on this shape: same rows as the plain product.
+        w0, s0 = ws[0]
+        ref = ops.cutlass_scaled_mm(xq[:20], w0, xs, s0, torch.bfloat16)
+        got = ops.cutlass_scaled_mm(fp8_pad.pad_rows(xq[:20], 44), w0, xs, s0, torch.bfloat16)[:20]
+        if not torch.equal(ref, got):
+            sys.exit(f"tune: padded Cutlass differs from plain on {name}; not writing a table")
+        targets, rows = [], []
+        for m in ms:
+            best = min((p for p in ms if p >= m), key=lambda p: t[p])
+            chosen, t_pad = m, None
+            if best > m and t[best] < 0.97 * t[m]:
+                t_pad = padded(m, best)
+                if t_pad < 0.97 * t[m]:
+                    chosen = best
+            targets.append(chosen)
+            rows.append({"m": m, "cutlass_us": round(t[m], 2), "gbs": round(k * n / t[m] / 1e3),
+                         "pad_to": chosen, "padded_us": None if t_pad is None else round(t_pad, 2)})
+        pad_to[f"{n},{k}"] = targets
+        report["shapes"][name] = {"k": k, "n": n, "rows": rows}
+        changed = [(r["m"], r["pad_to"], r["cutlass_us"], r["padded_us"])
+                   for r in rows if r["pad_to"] != r["m"]]
+        print(f"{name} (K={k}, N={n}): M=1 {t[1]:.1f} us, M=16 {t[16]:.1f}, M=32 {t[32]:.1f}, "
+              f"M=64 {t[64]:.1f}; padded: {changed}", flush=True)
         del ws
         torch.cuda.empty_cache()
-    tuning = {"device": report["device"], "triton": triton.__version__, "configs": configs,
-              "max_m": max_m, "measured_by": "python -m inference_image_vllm.tune"}
+    tuning = {"device": report["device"], "pad_to": pad_to,
+              "measured_by": "python -m inference_image_vllm.tune"}
     with open(args.tuning, "w") as fh:
-        json.dump(tuning, fh, indent=1)
-    report["rows"], report["tuning"] = rows, tuning
+        json.dump(tuning, fh)
     report["seconds"] = round(time.time() - t_start, 1)
     if args.report:
         with open(args.report, "w") as fh:
             json.dump(report, fh, indent=1)
-    print(f"{'gemm':8} {'m':>3} {'ours us':>8} {'cutlass+q us':>12} {'x':>5} {'ours GB/s':>9}")
-    for r in rows:
-        print(f"{r['gemm']:8} {r['m']:>3} {r['ours_us']:>8} {r['cutlass_quant_us']:>12} "
-              f"{r['speedup']:>5} {r['ours_gbs']:>9}")
-    print("max_m:", max_m, f"({report['seconds']} s)")
+    print(f"{'M':>4}" + "".join(f"{s:>16}" for s in SHAPES))
+    for m in (1, 8, 16, 17, 24, 32, 33, 40, 48, 64, 96, 128):
+        if m > args.max_m:
+            continue
+        cells = []
+        for s in SHAPES:
+            r = report["shapes"][s]["rows"][m - 1]
+            padded = f"{r['padded_us']:>6}" if r["padded_us"] else " " * 6
+            cells.append(f"{r['cutlass_us']:>7}->{r['pad_to']:<3}{padded}")
+        print(f"{m:>4}" + "".join(f"{c:>16}" for c in cells))
+    print(f"tuned in {report['seconds']} s")
 
 
 if __name__ == "__main__":
