@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -71,4 +72,7 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
         assert "FlashAttention version 3" in log or ("FLASH_ATTN" in log and "version 3" in log), \
             "vLLM did not log FlashAttention 3"
     if profile["profile"]["model"]["quantization"].startswith("fp8"):
-        assert "fp8" in log.lower(), "vLLM's log never mentions fp8"
+        # e.g. "Selected CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8" (checkpoint)
+        # or "... for Fp8PerTensorOnlineLinearMethod" (online): an FP8 GEMM kernel was chosen.
+        chosen = re.search(r"Selected (\w*FP8\w*Kernel) for (\w*Fp8\w*)", log, re.IGNORECASE)
+        assert chosen, "vLLM's log names no FP8 linear kernel (FP8 weights not in use?)"

@@ -66,14 +66,24 @@ def test_bad_profile_leaves_nothing(pdir, tmp_path):
 def test_h100_instance_flags(tmp_path):
     render(resolve("h100", ROOT / "profiles"), tmp_path)
     args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
-    for flag, val in [("--quantization", "fp8"), ("--kv-cache-dtype", "fp8"),
+    for flag, val in [("--kv-cache-dtype", "fp8"),
                       ("--attention-backend", "FLASH_ATTN"), ("--host", "127.0.0.1"),
                       ("--attention-config", '{"flash_attn_version":3}')]:
         assert args[args.index(flag) + 1] == val
+    # FP8 comes from the checkpoint (static per-tensor scales), not from online quantization.
+    assert "--quantization" not in args
+    xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
+    assert xv["models_list"][0]["hub_id"] == "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8"
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):
+    render(resolve("l40s", ROOT / "profiles"), tmp_path)
+    args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
+    assert args[args.index("--quantization") + 1] == "fp8"
 
 
 def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_flag(tmp_path):

@@ -106,9 +106,6 @@ class Serving(Strict):
         description="capture CUDA graphs up to this many tokens (vLLM: 2 x max_num_seqs)")
     linear_backend: Literal["auto", "cutlass", "torch", "marlin"] = Field(
         "auto", description="FP8 GEMM kernels: vLLM's choice, Cutlass, torch._scaled_mm, Marlin")
-    fp8_batch_padding: bool = Field(
-        False, description="FP8 weights: pad decode batches to the row count vLLM's Cutlass GEMM runs "
-        "fastest at (the project's vLLM plugin, plugins/vllm; measured table)")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
     )

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 21b287ff638ba35a88c442e3a51f9d055bd5248741085f9fe41dcd13966df7d9): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 52d7dec75a82331e468d5f21589d7712bd951095d74df8d70122353fc57cab57): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "21b287ff638ba35a88c442e3a51f9d055bd5248741085f9fe41dcd13966df7d9"
+profile_sha256 = "52d7dec75a82331e468d5f21589d7712bd951095d74df8d70122353fc57cab57"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 81ed7ad71c38e70ceeda83b98a142d3f55687892e69a35afa0d92231a1cfc972): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 bef7d40dfcc1c8c39ce7d58b4702f38200d8f02d50588920538082cc9201dd9b): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "81ed7ad71c38e70ceeda83b98a142d3f55687892e69a35afa0d92231a1cfc972"
+profile_sha256 = "bef7d40dfcc1c8c39ce7d58b4702f38200d8f02d50588920538082cc9201dd9b"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 3f79e1855985dfb438d337bbcdf6c3c07ed6b83c6252737c07583d56bd6c23bf): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 1cf1e1dc31d6fff46217fe27912a35548a4f05c0c468e4474e1f3d24a22446d5): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "3f79e1855985dfb438d337bbcdf6c3c07ed6b83c6252737c07583d56bd6c23bf"
+profile_sha256 = "1cf1e1dc31d6fff46217fe27912a35548a4f05c0c468e4474e1f3d24a22446d5"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
