@@ -127,7 +127,7 @@ validate: setup ## packer validate, every tier x builder, with a placeholder tok
 	    only=$(PACKER_ONLY_digitalocean); [ $$b = qemu ] && only=$(PACKER_ONLY_qemu); \
 	    DIGITALOCEAN_TOKEN=placeholder PATH=$(CURDIR)/$(BIN):$$PATH packer validate -only=$$only \
 	      -var-file=build/$$t/packer/$$t.pkrvars.hcl -var image_version=$(IMAGE_VERSION) -var project_dir=$(CURDIR) \
-	      -var render_dir=$(CURDIR)/build/$$t -var output_dir=$(CURDIR)/build/images/$$t-$$b \
+	      -var render_dir=$(CURDIR)/build/$$t -var output_dir=$(CURDIR)/build/validate/$$t-$$b \
 	      -var ssh_private_key_file=$(CURDIR)/build/images/$$t-digitalocean/id_ed25519 \
 	      -var user_data_file=$(CURDIR)/build/images/$$t-digitalocean/seed/user-data \
 	      -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) packer/ >/dev/null \
