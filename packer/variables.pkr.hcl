@@ -84,6 +84,16 @@ variable "ansible_extra_vars" {
   description = "more -e KEY=VALUE for the playbook, e.g. offline wheel directories"
 }
 
+variable "http_wheel_dirs" {
+  type        = map(string)
+  default     = {}
+  description = <<-EOT
+    offline wheelhouses the qemu build installs from Packer's HTTP server instead of copying them
+    over SSH: a role variable (vllm_wheel_dir, inference_service_router_wheel_dir) to a path under
+    the HTTP directory; the playbook gets http://HTTP_ADDR/PATH/ and VARIABLE_remote=true
+  EOT
+}
+
 variable "qemu_base_image" {
   type        = string
   default     = ""
@@ -93,6 +103,12 @@ variable "qemu_base_image" {
 variable "qemu_memory" {
   type    = number
   default = 8192
+}
+
+variable "qemu_disk_size" {
+  type        = string
+  default     = "16G"
+  description = "virtual size of the local image's disk (the qcow2 file only holds what is written)"
 }
 
 variable "qemu_cpus" {
