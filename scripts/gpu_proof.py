@@ -22,27 +22,23 @@ from typing import Any
 DRAFT_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
             "tie_word_embeddings": True}
-# compressed-tensors FP8: per-channel static weight scales, per-token dynamic activations.
-CT_FP8 = {"quant_method": "compressed-tensors", "format": "float-quantized",
-          "quantization_status": "compressed", "ignore": ["lm_head"],
-          "config_groups": {"group_0": {
-              "targets": ["Linear"],
-              "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
-                          "dynamic": False, "symmetric": True},
-              "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                    "dynamic": True, "symmetric": True}}}}
 
 
-# The llm-compressor "FP8" scheme: per-tensor static weights and activations (input_scale tensors
-# in the checkpoint), so quantizing an activation is one multiply that fuses into the norm before.
-CT_FP8_STATIC = {"quant_method": "compressed-tensors", "format": "float-quantized",
-                 "quantization_status": "compressed", "ignore": ["lm_head"],
-                 "config_groups": {"group_0": {
-                     "targets": ["Linear"],
-                     "weights": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                 "dynamic": False, "symmetric": True},
-                     "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                           "dynamic": False, "symmetric": True}}}}
+def _ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
+    """A compressed-tensors FP8 quantization_config (what llm-compressor writes)."""
+    def q(strategy: str, dyn: bool) -> dict[str, Any]:
+        return {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": dyn, "symmetric": True}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "quantization_status": "compressed", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": q(weights, False),
+                                          "input_activations": q(activations, dynamic)}}}
+
+
+# The "-FP8-dynamic" scheme: per-channel static weight scales, per-token dynamic activations.
+CT_FP8 = _ct_fp8("channel", "token", dynamic=True)
+# The "FP8" scheme (the catalog's 8B checkpoint): per-tensor static weights and activations
+# (input_scale tensors in the checkpoint), so quantizing an activation needs no reduction.
+CT_FP8_STATIC = _ct_fp8("tensor", "tensor", dynamic=False)
 
 
 def _variant(src: Path, dst: Path, change: dict[str, Any]) -> None:
