@@ -260,8 +260,6 @@ def assemble(d: str, out: str) -> None:
         "ready_s": _load(w / "ready.json") or {},
         "backends": _load(w / "backends.json") or {},
         "gemm": _load(w / "gemm.json"),
-        "fp8_gemv": _load(w / "fp8-gemv-report.json"),
-        "fp8_pad": _load(w / "fp8-pad-report.json"),
         "speculative": {"greedy": _compare_greedy(_load(w / "greedy-optimized.json"),
                                                   _load(w / "greedy-spec.json")),
                         "counters": _load(w / "spec-metrics.json") or {}},
