@@ -76,3 +76,11 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
         # or "... for Fp8PerTensorOnlineLinearMethod" (online): an FP8 GEMM kernel was chosen.
         chosen = re.search(r"Selected (\w*FP8\w*Kernel) for (\w*Fp8\w*)", log, re.IGNORECASE)
         assert chosen, "vLLM's log names no FP8 linear kernel (FP8 weights not in use?)"
+        if serving.get("fp8_gemm_dispatch"):
+            # The project's plugin took over vLLM's FP8 GEMM and loaded a table for this chip
+            # (a table from another compute capability loads as "none: ...": Cutlass everywhere).
+            assert chosen.group(1) == "InferenceImageFP8ScaledMMLinearKernel", \
+                "serving.fp8_gemm_dispatch is on but vLLM chose another FP8 kernel"
+            table = re.search(r"inference-image FP8 dispatch installed \(table: ([^,]+),", log)
+            assert table, "the inference-image vLLM plugin did not log its table"
+            assert not table.group(1).startswith("none"), f"no kernel table for this GPU: {table.group(1)}"

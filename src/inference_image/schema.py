@@ -106,6 +106,9 @@ class Serving(Strict):
         description="capture CUDA graphs up to this many tokens (vLLM: 2 x max_num_seqs)")
     linear_backend: Literal["auto", "cutlass", "torch", "marlin"] = Field(
         "auto", description="FP8 GEMM kernels: vLLM's choice, Cutlass, torch._scaled_mm, Marlin")
+    fp8_gemm_dispatch: bool = Field(
+        False, description="FP8 weights: run each batch size on whichever of Cutlass and cuBLASLt "
+        "a measured table says is faster (the project's vLLM plugin, plugins/vllm)")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
     )

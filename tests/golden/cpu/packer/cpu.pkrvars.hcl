@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 52d7dec75a82331e468d5f21589d7712bd951095d74df8d70122353fc57cab57): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 431903ea0b856af39c8349b92eb60499b89f3c0f25ae3da65670ddb76984d234): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "52d7dec75a82331e468d5f21589d7712bd951095d74df8d70122353fc57cab57"
+profile_sha256 = "431903ea0b856af39c8349b92eb60499b89f3c0f25ae3da65670ddb76984d234"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

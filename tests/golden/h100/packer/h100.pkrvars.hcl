@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 bef7d40dfcc1c8c39ce7d58b4702f38200d8f02d50588920538082cc9201dd9b): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 045c0f66f4f105645d8c0a4e6eb3cea10f545cf1545c49465521fe0bde3e8e79): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "bef7d40dfcc1c8c39ce7d58b4702f38200d8f02d50588920538082cc9201dd9b"
+profile_sha256 = "045c0f66f4f105645d8c0a4e6eb3cea10f545cf1545c49465521fe0bde3e8e79"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

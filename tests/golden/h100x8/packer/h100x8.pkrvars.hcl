@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 1cf1e1dc31d6fff46217fe27912a35548a4f05c0c468e4474e1f3d24a22446d5): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 8f5e7aaea2de15e196f112da9ca780856aaf4007c1b4450c8190596a3cf394db): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "1cf1e1dc31d6fff46217fe27912a35548a4f05c0c468e4474e1f3d24a22446d5"
+profile_sha256 = "8f5e7aaea2de15e196f112da9ca780856aaf4007c1b4450c8190596a3cf394db"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,0 +1,144 @@
+"""Measure Cutlass and cuBLASLt FP8 GEMMs at every batch size vLLM captures; write the table.
+
+    python -m inference_image_vllm.tune --table OUT.json [--report REPORT.json]
+
+For each Llama-3.1-8B projection (qkv, o, gate_up, down) and each CUDA-graph batch size up to
+--max-m: every kernel's time with the activations already in FP8 (as vLLM serves them), inside one
+CUDA graph over enough weight copies to defeat the L2 cache. A kernel other than Cutlass is chosen
+only where it is at least --margin faster and its result is as accurate as Cutlass' (checked
+against a float32 product of the same FP8 values).
+"""
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from . import dispatch
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+
+
+def capture_sizes(max_m: int) -> list[int]:
+    """vLLM 0.26's default CUDA-graph sizes (1, 2, 4, then steps of 8) up to max_m."""
+    return [m for m in [1, 2, 4, *range(8, max_m + 1, 8)] if m <= max_m]
+
+
+def graph_us(fns: list[Callable[[], object]], reps: int = 20) -> float:
+    """Mean time of one call, replayed inside a CUDA graph (no launch gaps from Python)."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(reps):
+        g.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    return t0.elapsed_time(t1) * 1e3 / reps / len(fns)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--table", required=True, help="where to write the kernel table (JSON)")
+    ap.add_argument("--report", help="every measurement, as JSON")
+    ap.add_argument("--max-m", type=int, default=128)
+    ap.add_argument("--margin", type=float, default=0.03, help="how much faster than Cutlass")
+    args = ap.parse_args()
+    from vllm import _custom_ops as ops
+
+    t_start = time.time()
+    torch.manual_seed(0)
+    sizes = capture_sizes(args.max_m)
+    report: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "sizes": sizes,
+        "shapes": {},
+    }
+    table: dict[str, list[list[object]]] = {}
+    for name, (k, n) in SHAPES.items():
+        copies = max(2, -(-512 * 2**20 // (k * n)))  # >= 512 MB of FP8 weights (L2: 50-60 MB)
+        ws = []
+        for _ in range(copies):
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            q, s = ops.scaled_fp8_quant(w)
+            ws.append((q.t(), s))  # [K, N] column-major, as vLLM stores it
+        x = torch.randn(args.max_m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = ops.scaled_fp8_quant(x)
+        w0, s0 = ws[0]
+        ref = (xq.float() * xs) @ (w0.float() * s0)  # the exact product of the FP8 values
+        scale = ref.abs().max().item()
+        rows, chosen = [], []
+        for m in sizes:
+            t, err = {}, {}
+            a = xq[:m].contiguous()
+            for kern in dispatch.KERNELS:
+                out = dispatch.run(kern, a, w0, xs, s0, None, torch.bfloat16)
+                err[kern] = ((out.float() - ref[:m]).abs().max() / scale).item()
+                t[kern] = graph_us(
+                    [
+                        lambda w=w, s=s, kern=kern, a=a, xs=xs: dispatch.run(
+                            kern, a, w, xs, s, None, torch.bfloat16
+                        )
+                        for w, s in ws
+                    ]
+                )
+            ok = [kk for kk in dispatch.KERNELS if err[kk] <= 2 * err["cutlass"] + 1e-3]
+            best = min(ok, key=lambda kk: t[kk])
+            if best != "cutlass" and t[best] > (1 - args.margin) * t["cutlass"]:
+                best = "cutlass"
+            chosen.append([m, best])
+            rows.append(
+                {
+                    "m": m,
+                    **{f"{kk}_us": round(t[kk], 2) for kk in dispatch.KERNELS},
+                    **{f"{kk}_err": round(err[kk], 5) for kk in dispatch.KERNELS},
+                    "chosen": best,
+                }
+            )
+        table[f"{n},{k}"] = chosen
+        report["shapes"][name] = {"k": k, "n": n, "rows": rows}
+        del ws
+        torch.cuda.empty_cache()
+    if not table:
+        sys.exit("tune: nothing measured")
+    with open(args.table, "w") as fh:
+        json.dump(
+            {
+                "device": report["device"],
+                "torch": report["torch"],
+                "shapes": table,
+                "measured_by": "python -m inference_image_vllm.tune",
+            },
+            fh,
+            indent=1,
+        )
+    report["seconds"] = round(time.time() - t_start, 1)
+    if args.report:
+        with open(args.report, "w") as fh:
+            json.dump(report, fh, indent=1)
+    print(f"{'M':>4}" + "".join(f"{s:>26}" for s in SHAPES) + "   (us: cutlass/cublaslt/fast -> chosen)")
+    for i, m in enumerate(sizes):
+        cells = []
+        for s in SHAPES:
+            r = report["shapes"][s]["rows"][i]
+            cells.append(
+                f"{r['cutlass_us']:.1f}/{r['cublaslt_us']:.1f}/{r['cublaslt_fast_us']:.1f}"
+                f"->{r['chosen'][:4]}{'F' if r['chosen'].endswith('fast') else ''}"
+            )
+        print(f"{m:>4}" + "".join(f"{c:>26}" for c in cells))
+    print(f"tuned in {report['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The vLLM plugin's kernel table (plugins/vllm): how a batch size finds its kernel, and when a
+table is not used. The kernels themselves run on the GPU machine only (scripts/gpu-proof tune)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "plugins/vllm"))
+from inference_image_vllm import dispatch
+
+LLAMA_8B_SHAPES = {"6144,4096", "4096,4096", "28672,4096", "4096,14336"}  # qkv, o, gate_up, down
+
+
+@pytest.fixture
+def table_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"device": "X", "capability": "9.0", "shapes": {
+        "4096,4096": [[32, "cublaslt"], [1, "cutlass"], [16, "cutlass"], [64, "cublaslt_fast"]]}}))
+    monkeypatch.setenv("INFERENCE_IMAGE_FP8_TABLE", str(p))
+    monkeypatch.setattr(dispatch, "_table", None)
+    return p
+
+
+def test_batch_runs_the_entry_of_the_smallest_measured_size_that_holds_it(table_file):
+    t = dispatch.Table(str(table_file))
+    assert [t.kernel(m, 4096, 4096) for m in (1, 2, 16, 17, 32, 33, 64)] == \
+        ["cutlass", "cutlass", "cutlass", "cublaslt", "cublaslt", "cublaslt_fast", "cublaslt_fast"]
+    assert t.kernel(65, 4096, 4096) == "cutlass"  # beyond the table
+    assert t.kernel(32, 6144, 4096) == "cutlass"  # a shape it does not cover
+
+
+def test_table_of_another_compute_capability_is_not_used(table_file, monkeypatch):
+    monkeypatch.setattr(dispatch, "capability", lambda: "8.9")
+    t = dispatch.table()
+    assert t.entries == {} and t.kernel(32, 4096, 4096) == "cutlass"
+    assert t.source.startswith("none:") and "9.0" in t.source
+
+
+def test_table_of_this_compute_capability_is_used(table_file, monkeypatch):
+    monkeypatch.setattr(dispatch, "capability", lambda: "9.0")
+    assert dispatch.table().kernel(32, 4096, 4096) == "cublaslt"
+
+
+def test_unknown_kernel_name_is_refused(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"shapes": {"4096,4096": [[1, "marlin"]]}}))
+    with pytest.raises(ValueError, match="unknown kernel"):
+        dispatch.Table(str(p))
+
+
+def test_packaged_table_covers_llama_8b_on_hopper():
+    path = Path(dispatch.__file__).with_name("tables") / "hopper.json"
+    data = json.loads(path.read_text())
+    assert data["capability"] == "9.0" and set(data["shapes"]) == LLAMA_8B_SHAPES
+    t = dispatch.Table(str(path))
+    for n, k in t.entries:
+        sizes = [m for m, _ in t.entries[(n, k)]]
+        assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] >= 64, (n, k, sizes)
