@@ -1,11 +1,12 @@
 """inference-image verify: target parsing, the one-line errors before any test runs, the summary."""
 
+import os
 import shutil
 
 import pytest
 
 from inference_image.cli import main
-from inference_image.verify import VerifyError, parse_target, summarize
+from inference_image.verify import VerifyError, parse_target, summarize, wait_ready
 
 
 def test_parse_target():
@@ -74,3 +75,30 @@ def test_summary_table(tmp_path):
     junit.write_text('<testsuite><testcase classname="test_gpu" name="t"><skipped message="x"/>'
                      '</testcase></testsuite>')
     assert summarize(junit)[1] is False  # nothing passed is not a pass
+
+
+def fake_systemctl(tmp_path, monkeypatch, states: list[str]) -> None:
+    """A `systemctl` on PATH that answers is-system-running with the next of `states`."""
+    (tmp_path / "states").write_text("\n".join(states) + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "systemctl"
+    tool.write_text(f"""#!/bin/sh
+s=$(head -1 {tmp_path}/states); sed -i 1d {tmp_path}/states; [ -n "$s" ] || s=starting
+echo "$s"
+""")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_wait_without_serving_waits_for_the_boot_to_finish(tmp_path, monkeypatch):
+    # the machine is still going down, then booting, then up with a failed unit (no GPU)
+    fake_systemctl(tmp_path, monkeypatch, ["stopping", "starting", "starting", "degraded", "x"])
+    wait_ready(parse_target("local://", "root"), None, 30, serving=False, interval=0.01)
+    assert (tmp_path / "states").read_text() == "x\n"  # it stopped at the first finished boot
+
+
+def test_wait_without_serving_gives_up_with_the_last_state(tmp_path, monkeypatch):
+    fake_systemctl(tmp_path, monkeypatch, [])
+    with pytest.raises(VerifyError, match=r"did not finish booting within 0 s \(last: starting\)"):
+        wait_ready(parse_target("local://", "root"), None, 0, serving=False, interval=0.01)

@@ -91,10 +91,19 @@ def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0)
         client.close()
 
 
-def wait_ready(t: Target, identity: str | None, seconds: int) -> None:
-    """Wait until the public port answers /health on the machine (a cold start compiles)."""
-    port = "import json; print(json.load(open('" + PROFILE_JSON + "'))['router']['port'])"
-    probe = f'port=$(python3 -c "{port}"); curl -s -o /dev/null -m 5 -w "%{{http_code}}" http://127.0.0.1:$port/health'
+def wait_ready(t: Target, identity: str | None, seconds: int, serving: bool = True,
+               interval: float = 10.0) -> None:
+    """Wait until the machine has booted and, when it serves, until the public port answers
+    /health (a cold start compiles). Without serving, a finished boot is enough: systemd says
+    "running", or "degraded" (a GPU tier baked without its GPU cannot start its instances)."""
+    if serving:
+        port = "import json; print(json.load(open('" + PROFILE_JSON + "'))['router']['port'])"
+        probe = (f'port=$(python3 -c "{port}"); '
+                 f'curl -s -o /dev/null -m 5 -w "%{{http_code}}" http://127.0.0.1:$port/health')
+        done, what = {"200"}, "the router on {host} did not answer /health"
+    else:
+        probe = "systemctl is-system-running"
+        done, what = {"running", "degraded"}, "{host} did not finish booting"
     end = time.monotonic() + seconds
     last = ""
     while True:
@@ -102,12 +111,12 @@ def wait_ready(t: Target, identity: str | None, seconds: int) -> None:
             _, last = remote(t, identity, probe)
         except Exception as exc:  # a machine that is still booting fails in many ways
             last = str(exc)
-        if last.strip() == "200":
+        if last.strip() in done:
             return
         if time.monotonic() > end:
-            raise VerifyError(f"the router on {t.host} did not answer /health within {seconds} s "
+            raise VerifyError(f"{what.format(host=t.host)} within {seconds} s "
                               f"(last: {last.strip() or 'no answer'})")
-        time.sleep(10)
+        time.sleep(interval)
 
 
 def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> str:
@@ -185,7 +194,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if built != args.profile:
             raise VerifyError(f"{args.host} was built for tier {built}, not {args.profile}")
         if args.wait:
-            wait_ready(target, identity, args.wait)
+            wait_ready(target, identity, args.wait, serving=not args.no_serving)
     except VerifyError as exc:
         print(f"verify: {exc}", file=sys.stderr)
         return 1
@@ -227,7 +236,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     vp.add_argument("--identity", help="SSH private key (default: the agent, then ~/.ssh keys)")
     vp.add_argument("--api-host", help="address of the API port from here, if not the SSH host")
     vp.add_argument("--wait", type=int, default=0, metavar="SECONDS",
-                    help="first wait this long for the router to answer /health (after a boot)")
+                    help="first wait this long for the router to answer /health (after a boot); "
+                    "with --no-serving, for the boot to finish")
     vp.add_argument("--no-serving", action="store_true",
                     help="the stack cannot run there (a GPU tier baked without its GPU)")
     vp.add_argument("--junit", default="build/verify/junit.xml", help="JUnit XML report path")
