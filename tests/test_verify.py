@@ -102,3 +102,20 @@ def test_wait_without_serving_gives_up_with_the_last_state(tmp_path, monkeypatch
     fake_systemctl(tmp_path, monkeypatch, [])
     with pytest.raises(VerifyError, match=r"did not finish booting within 0 s \(last: starting\)"):
         wait_ready(parse_target("local://", "root"), None, 0, serving=False, interval=0.01)
+
+
+def test_wait_retries_the_first_connection(monkeypatch):
+    import inference_image.verify as v
+
+    answers = [VerifyError("SSH to h:22 failed: No existing session"), "cpu"]
+
+    def fake(t, identity):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    monkeypatch.setattr(v, "preflight", fake)
+    assert v.preflight_until(parse_target("h", "root"), None, 5, interval=0.01) == "cpu"
+    answers[:] = [VerifyError("refused")] * 3
+    with pytest.raises(VerifyError, match="refused"):
+        v.preflight_until(parse_target("h", "root"), None, 0, interval=0.01)

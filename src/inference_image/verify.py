@@ -175,6 +175,19 @@ def summarize(junit: Path) -> tuple[str, bool]:
     return "\n".join(lines + (["", "failures:", *failures] if failures else [])), ok
 
 
+def preflight_until(t: Target, identity: str | None, seconds: int, interval: float = 10.0) -> str:
+    """preflight, retried for up to `seconds`: a machine that was just started refuses SSH, or
+    accepts the connection before sshd or cloud-init (the key) is ready. The last error wins."""
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            return preflight(t, identity)
+        except VerifyError:
+            if time.monotonic() > end:
+                raise
+        time.sleep(interval)
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     try:
         pdir = Path(args.profiles_dir) if args.profiles_dir else default_profiles_dir()
@@ -190,7 +203,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         identity = os.path.expanduser(args.identity) if args.identity else None
         if identity and not Path(identity).is_file():
             raise VerifyError(f"--identity {args.identity}: no such file")
-        built = preflight(target, identity)
+        built = preflight_until(target, identity, args.wait)
         if built != args.profile:
             raise VerifyError(f"{args.host} was built for tier {built}, not {args.profile}")
         if args.wait:
