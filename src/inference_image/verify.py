@@ -8,6 +8,7 @@ project give one line each, before any test runs."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import socket
@@ -72,6 +73,9 @@ def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0)
         return r.returncode, r.stdout
     import paramiko
 
+    # paramiko's transport thread logs a traceback for every refused or half-open connection,
+    # which is what a booting machine gives; the error that counts is raised below.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     client = paramiko.SSHClient()
     # A droplet made from the snapshot has new host keys: nothing to pin them against yet.
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
