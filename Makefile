@@ -117,7 +117,14 @@ else
 	  ln -sfn $(CURDIR)/build/wheels $(IMAGE_OUT)/seed/wheels; \
 	  extra='-var serve_during_build=false -var http_wheel_dirs={vllm_wheel_dir="wheels/'$${1##*/}'",inference_service_router_wheel_dir="wheels/'$${2##*/}'"}'; \
 	else \
-	  extra='-var serve_during_build=false -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"]'; \
+	  models=$(MODELS_DIR); \
+	  if [ -z "$$models" ] && [ -z "$${HF_TOKEN:-}" ]; then \
+	    models=$(CURDIR)/build/models-standin; \
+	    echo "make image: no HF_TOKEN and no MODELS_DIR: the $(GPU) image gets weightless stand-ins (config + local tokenizer, serve with --load-format dummy) at $$models" >&2; \
+	    for m in $$(jq -r '.models_list[].name' build/$(GPU)/ansible/extra-vars.json); do \
+	      $(BIN)/python scripts/make-test-model $$m $$models/$$m || exit 1; done; \
+	  fi; \
+	  extra='-var serve_during_build=false -var qemu_disk_size=40G -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"'$${models:+,\"models_local_dir=$$models\"}']'; \
 	fi; \
 	rm -rf $(IMAGE_OUT)/qemu; \
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_qemu) $(PACKER_VARS) -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) $$extra packer/
