@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -195,6 +197,78 @@ def metrics(url: str, out: str) -> None:
     Path(out).write_text(json.dumps(keep, indent=1, sort_keys=True))
     print(json.dumps(keep, sort_keys=True))
 
+# Kernel families in a decode step, by the name CUPTI reports (first match wins).
+KERNEL_FAMILIES = [
+    ("kv-cache write", r"reshape_and_cache|cache_kernel|concat_and_cache"),
+    ("rope", r"rotary|rope"),
+    ("attention", r"flash|fwd_kernel|FlashAttn|attention|paged"),
+    ("gemm", r"gemm|Gemm|cutlass|cublas|nvjet|xmma|sm90|scaled_mm"),
+    ("fused elementwise (Inductor)", r"^triton_"),
+    ("quant", r"quant"),
+    ("norm", r"norm"),
+    ("sampling", r"sampl|argmax|topk|top_k|softmax|gumbel|exponential"),
+]
+
+
+def _family(name: str) -> str:
+    for fam, pat in KERNEL_FAMILIES:
+        if re.search(pat, name):
+            return fam
+    return "other"
+
+
+def profile(url: str, model: str, trace_dir: str, out: str, tokens: str = "128") -> None:
+    """One c=1 request under vLLM's torch profiler, then where the GPU time of a step goes."""
+    n = int(tokens)
+    _post(f"{url}/v1/completions", {"model": model, "prompt": PROMPTS[0], "max_tokens": 32,
+                                    "ignore_eos": True})  # warm
+    urllib.request.urlopen(urllib.request.Request(f"{url}/start_profile", method="POST"), timeout=60)
+    _post(f"{url}/v1/completions", {"model": model, "prompt": PROMPTS[0], "max_tokens": n,
+                                    "ignore_eos": True, "temperature": 0})
+    urllib.request.urlopen(urllib.request.Request(f"{url}/stop_profile", method="POST"), timeout=900)
+    events: list[dict[str, Any]] = []
+    for f in sorted(Path(trace_dir).rglob("*.json*")):
+        opener = gzip.open if f.suffix == ".gz" else open
+        with opener(f, "rt") as fh:
+            evs = json.load(fh).get("traceEvents", [])
+        ks = [e for e in evs if e.get("cat") == "kernel" and "dur" in e]
+        if len(ks) > len(events):
+            events = ks
+    if not events:
+        print(f"profile: no kernel events under {trace_dir}")
+        return
+    events.sort(key=lambda e: e["ts"])
+    # Decode steps: the request's tokens, one step each (the prompt is a few tokens, so its prefill
+    # step is as short as a decode step). Span = first to last kernel.
+    span = events[-1]["ts"] + events[-1]["dur"] - events[0]["ts"]
+    busy, end = 0.0, events[0]["ts"]
+    for e in events:  # union of kernel intervals: overlapping kernels count once
+        s, t = max(e["ts"], end), e["ts"] + e["dur"]
+        if t > s:
+            busy += t - s
+        end = max(end, t)
+    fams: dict[str, list[float]] = {}
+    names: dict[str, list[float]] = {}
+    for e in events:
+        fams.setdefault(_family(e["name"]), []).append(e["dur"])
+        names.setdefault(e["name"][:90], []).append(e["dur"])
+    per = {k: {"us_per_step": round(sum(v) / n, 1), "kernels_per_step": round(len(v) / n, 1)}
+           for k, v in sorted(fams.items(), key=lambda kv: -sum(kv[1]))}
+    top = [{"kernel": k, "us_per_step": round(sum(v) / n, 1), "count_per_step": round(len(v) / n, 2),
+            "mean_us": round(sum(v) / len(v), 2)}
+           for k, v in sorted(names.items(), key=lambda kv: -sum(kv[1]))[:30]]
+    doc = {"tokens": n, "kernels": len(events), "kernels_per_step": round(len(events) / n, 1),
+           "step_us": round(span / n, 1), "kernel_busy_us_per_step": round(busy / n, 1),
+           "idle_us_per_step": round((span - busy) / n, 1), "families": per, "top_kernels": top}
+    Path(out).write_text(json.dumps(doc, indent=1))
+    print(f"profile: {doc['kernels_per_step']} kernels/step, step {doc['step_us']} us, "
+          f"kernels busy {doc['kernel_busy_us_per_step']} us, idle {doc['idle_us_per_step']} us")
+    for k, v in per.items():
+        print(f"  {k:32s} {v['us_per_step']:8.1f} us  {v['kernels_per_step']:6.1f} kernels")
+    for t in top[:15]:
+        print(f"  {t['us_per_step']:8.1f} us {t['count_per_step']:6.2f}x {t['mean_us']:7.2f} us",
+              t["kernel"])
+
 
 def _load(p: Path) -> Any:
     return json.loads(p.read_text()) if p.exists() else None
@@ -285,7 +359,7 @@ def assemble(d: str, out: str) -> None:
 def main() -> None:
     cmd, *rest = sys.argv[1:]
     {"prep-models": prep_models, "bandwidth": bandwidth, "gemm": gemm, "greedy": greedy,
-     "metrics": metrics, "assemble": assemble}[cmd](*rest)
+     "metrics": metrics, "profile": profile, "assemble": assemble}[cmd](*rest)
 
 
 if __name__ == "__main__":

@@ -61,3 +61,17 @@ def test_packaged_table_covers_llama_8b_on_hopper():
     for n, k in t.entries:
         sizes = [m for m, _ in t.entries[(n, k)]]
         assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] >= 64, (n, k, sizes)
+
+
+def test_a_table_written_by_tune_is_used_on_its_own_compute_capability(tmp_path, monkeypatch):
+    # tune writes through dispatch.document; a table without its capability would be refused
+    # everywhere, silently leaving Cutlass on every GEMM.
+    p = tmp_path / "tuned.json"
+    p.write_text(json.dumps(dispatch.document(
+        {"4096,4096": [[1, "cublaslt"]]}, device="NVIDIA H100 80GB HBM3", capability="9.0",
+        torch_version="2.11.0", vllm_version="0.26.0")))
+    monkeypatch.setenv("INFERENCE_IMAGE_FP8_TABLE", str(p))
+    monkeypatch.setattr(dispatch, "_table", None)
+    monkeypatch.setattr(dispatch, "capability", lambda: "9.0")
+    t = dispatch.table()
+    assert t.source == str(p) and t.kernel(1, 4096, 4096) == "cublaslt"

@@ -46,6 +46,14 @@ class Table:
         return "cutlass"
 
 
+def document(shapes: dict[str, list[list[object]]], *, device: str, capability: str,
+             torch_version: str, vllm_version: str) -> dict[str, object]:
+    """A table as `Table` reads it: the capability is what decides whether a GPU uses it."""
+    return {"device": device, "capability": capability, "torch": torch_version,
+            "vllm": vllm_version, "measured_by": "python -m inference_image_vllm.tune",
+            "shapes": shapes}
+
+
 _table: Table | None = None
 
 

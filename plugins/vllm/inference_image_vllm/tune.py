@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--margin", type=float, default=0.03, help="how much faster than Cutlass")
     args = ap.parse_args()
+    import vllm
     from vllm import _custom_ops as ops
 
     t_start = time.time()
@@ -114,12 +115,13 @@ def main() -> None:
         sys.exit("tune: nothing measured")
     with open(args.table, "w") as fh:
         json.dump(
-            {
-                "device": report["device"],
-                "torch": report["torch"],
-                "shapes": table,
-                "measured_by": "python -m inference_image_vllm.tune",
-            },
+            dispatch.document(
+                table,
+                device=report["device"],
+                capability=dispatch.capability(),
+                torch_version=torch.__version__,
+                vllm_version=vllm.__version__,
+            ),
             fh,
             indent=1,
         )
