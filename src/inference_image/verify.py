@@ -17,10 +17,14 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
+
+T = TypeVar("T")
 
 SUITES = ("smoke", "security", "hygiene", "gpu", "throughput")
 PROFILE_JSON = "/etc/inference-image/profile.json"
@@ -108,18 +112,28 @@ def wait_ready(t: Target, identity: str | None, seconds: int, serving: bool = Tr
     else:
         probe = "systemctl is-system-running"
         done, what = {"running", "degraded"}, "{host} did not finish booting"
+
+    def once() -> None:
+        try:
+            _, out = remote(t, identity, probe)
+        except Exception as exc:  # a machine that is still booting fails in many ways
+            out = str(exc)
+        if out.strip() not in done:
+            raise VerifyError(f"{what.format(host=t.host)} within {seconds} s "
+                              f"(last: {out.strip() or 'no answer'})")
+
+    until(seconds, interval, once)
+
+
+def until(seconds: float, interval: float, attempt: Callable[[], T]) -> T:
+    """attempt() until it returns, for up to `seconds`; its last VerifyError is the one raised."""
     end = time.monotonic() + seconds
-    last = ""
     while True:
         try:
-            _, last = remote(t, identity, probe)
-        except Exception as exc:  # a machine that is still booting fails in many ways
-            last = str(exc)
-        if last.strip() in done:
-            return
-        if time.monotonic() > end:
-            raise VerifyError(f"{what.format(host=t.host)} within {seconds} s "
-                              f"(last: {last.strip() or 'no answer'})")
+            return attempt()
+        except VerifyError:
+            if time.monotonic() > end:
+                raise
         time.sleep(interval)
 
 
@@ -182,14 +196,7 @@ def summarize(junit: Path) -> tuple[str, bool]:
 def preflight_until(t: Target, identity: str | None, seconds: int, interval: float = 10.0) -> str:
     """preflight, retried for up to `seconds`: a machine that was just started refuses SSH, or
     accepts the connection before sshd or cloud-init (the key) is ready. The last error wins."""
-    end = time.monotonic() + seconds
-    while True:
-        try:
-            return preflight(t, identity)
-        except VerifyError:
-            if time.monotonic() > end:
-                raise
-        time.sleep(interval)
+    return until(seconds, interval, lambda: preflight(t, identity))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
