@@ -60,7 +60,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
-	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/e2e-local scripts/fetch-wheels \
+	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s validate
 
@@ -89,10 +89,7 @@ PACKER_ONLY_qemu := inference-image.qemu.local
 
 image-inputs: setup
 	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
-	mkdir -p $(IMAGE_OUT)/seed
-	[ -s $(IMAGE_OUT)/id_ed25519 ] || ssh-keygen -q -t ed25519 -N '' -C "inference-image-build-$(GPU)" -f $(IMAGE_OUT)/id_ed25519
-	printf '#cloud-config\ndisable_root: false\nssh_pwauth: false\nusers:\n  - name: root\n    ssh_authorized_keys:\n      - %s\n' "$$(cat $(IMAGE_OUT)/id_ed25519.pub)" > $(IMAGE_OUT)/seed/user-data
-	printf 'instance-id: build-%s\nlocal-hostname: build-%s\n' "$$(date +%s)" "$(GPU)" > $(IMAGE_OUT)/seed/meta-data
+	scripts/make-seed $(IMAGE_OUT)/id_ed25519 $(IMAGE_OUT)/seed build-$(GPU)
 
 PACKER_VARS = -var-file=build/$(GPU)/packer/$(GPU).pkrvars.hcl -var image_version=$(IMAGE_VERSION) \
 	-var project_dir=$(CURDIR) -var render_dir=$(CURDIR)/build/$(GPU) -var output_dir=$(CURDIR)/$(IMAGE_OUT) \
