@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from inference_image import bench
 
@@ -51,3 +54,32 @@ def test_markdown_and_recorded_proof_has_the_required_keys():
                 "tpot_ms_mean"} <= set(doc["runs"][0])
         for cfg in ("vanilla", "optimized"):
             assert {"read_bw_tbs", "bytes_per_token", "c1_fraction"} <= set(doc["roofline"][cfg])
+
+
+def test_one_process_bench_with_a_python_without_vllm_says_so(tmp_path):
+    # the real driver, run by this test's interpreter, which has no vLLM
+    with pytest.raises(bench.BenchError) as err:
+        bench.run(url="http://127.0.0.1:9", model="m", tokenizer=None, scenarios=["chat"],
+                  concurrency=[1, 2], config="x", vllm_cmd=["vllm"], vllm_python=sys.executable,
+                  timeout_s=60, log=tmp_path / "log")
+    msg = str(err.value)
+    assert "chat c=1" in msg and "cannot import vLLM's benchmark" in msg and "Fix:" in msg
+    plan = (tmp_path / "log").read_text().splitlines()[0]
+    assert "vllm_bench_batch.py" in plan and '"--max-concurrency", "2"' in plan
+
+
+def test_a_bench_where_every_request_failed_is_an_error_and_earlier_rows_are_kept(tmp_path):
+    # vLLM's bench exits 0 and saves a result with 0 completed when the server is unreachable;
+    # this writes what it saves: 8 completed at c=1, then nothing at c=2
+    fake = ("import json,sys; a=sys.argv; d=a[a.index('--result-dir')+1]; "
+            "f=a[a.index('--result-filename')+1]; c=int(a[a.index('--max-concurrency')+1]); "
+            "json.dump({'completed': 8 if c == 1 else 0, 'failed': 0 if c == 1 else 8, "
+            "'output_throughput': 99.0}, open(d+'/'+f, 'w'))")
+    partial = tmp_path / "x.json"
+    with pytest.raises(bench.BenchError, match=r"no request completed at chat c=2 \(8 failed\)"):
+        bench.run(url="http://127.0.0.1:9", model="m", tokenizer=None, scenarios=["chat"],
+                  concurrency=[1, 2], config="x", vllm_cmd=[sys.executable, "-c", fake],
+                  partial=partial)
+    kept = json.loads(partial.read_text())
+    assert kept["partial"] is True
+    assert [(r["concurrency"], r["output_tok_s"]) for r in kept["runs"]] == [(1, 99.0)]

@@ -14,12 +14,15 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .profiles import ProfileErrors, default_profiles_dir, resolve
+from .vllm_bench_batch import MARK
 
 
 @dataclass(frozen=True)
@@ -49,24 +52,33 @@ def num_prompts(concurrency: int, per: int) -> int:
     return max(8, per * concurrency)
 
 
+def bench_args(
+    url: str, model: str, tokenizer: str | None, sc: Scenario, c: int, per: int, seed: int,
+    result_dir: Path, result_file: str,
+) -> list[str]:
+    """What follows `vllm bench serve` for one scenario at one concurrency."""
+    args = ["--backend", "vllm", "--base-url", url,
+            "--model", model, "--dataset-name", "random",
+            "--random-input-len", str(sc.input_len - sc.prefix_len),
+            "--random-output-len", str(sc.output_len),
+            "--num-prompts", str(num_prompts(c, per)), "--max-concurrency", str(c),
+            "--num-warmups", str(min(c, 4)), "--ignore-eos", "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
+            "--disable-tqdm"]
+    if sc.prefix_len:
+        args += ["--random-prefix-len", str(sc.prefix_len)]
+    if tokenizer:
+        args += ["--tokenizer", tokenizer]
+    return args
+
+
 def bench_command(
     vllm_cmd: list[str], url: str, model: str, tokenizer: str | None, sc: Scenario, c: int,
     per: int, seed: int, result_dir: Path, result_file: str,
 ) -> list[str]:
-    cmd = [*vllm_cmd, "bench", "serve", "--backend", "vllm", "--base-url", url,
-           "--model", model, "--dataset-name", "random",
-           "--random-input-len", str(sc.input_len - sc.prefix_len),
-           "--random-output-len", str(sc.output_len),
-           "--num-prompts", str(num_prompts(c, per)), "--max-concurrency", str(c),
-           "--num-warmups", str(min(c, 4)), "--ignore-eos", "--seed", str(seed),
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-           "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
-           "--disable-tqdm"]
-    if sc.prefix_len:
-        cmd += ["--random-prefix-len", str(sc.prefix_len)]
-    if tokenizer:
-        cmd += ["--tokenizer", tokenizer]
-    return cmd
+    return [*vllm_cmd, "bench", "serve",
+            *bench_args(url, model, tokenizer, sc, c, per, seed, result_dir, result_file)]
 
 
 def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> dict[str, Any]:
@@ -100,39 +112,117 @@ def _progress(i: int, n: int, msg: str) -> None:
         sys.stderr.write("\n")
 
 
+Plan = list[tuple[Scenario, int, str, list[str]]]  # scenario, concurrency, result file, args
+
+
+def _run_each(plan: Plan, vllm_cmd: list[str], timeout_s: int, log: Path | None,
+              ) -> Iterator[tuple[int, float]]:
+    """One `vllm bench serve` process per entry; yields (index, wall seconds)."""
+    for k, (sc, c, _, args) in enumerate(plan):
+        cmd = [*vllm_cmd, "bench", "serve", *args]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        if log is not None:
+            with log.open("a") as fh:
+                fh.write(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise BenchError(f"vllm bench serve failed for {sc.name} c={c} "
+                             f"(exit {proc.returncode}): " + " | ".join(tail))
+        yield k, time.monotonic() - t0
+
+
+def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, tmp: Path,
+               ) -> Iterator[tuple[int, float]]:
+    """Every entry in one process of vLLM's Python (vllm_bench_batch.py); the first entry's wall
+    time includes the one import of vLLM."""
+    plan_file = tmp / "plan.json"
+    plan_file.write_text(json.dumps([args for *_, args in plan]))
+    cmd = [vllm_python, str(Path(__file__).with_name("vllm_bench_batch.py")), str(plan_file)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(timeout_s * len(plan), proc.kill)
+    watchdog.start()
+    fh = log.open("a") if log is not None else None
+    tail: list[str] = []
+    done = 0
+    try:
+        if fh:
+            fh.write(f"$ {shlex.join(cmd)}  # {json.dumps([args for *_, args in plan])}\n")
+        t0 = time.monotonic()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if fh:
+                fh.write(line)
+            if not line.startswith(MARK):
+                tail = [*tail[-4:], line.strip()]
+                continue
+            mark = json.loads(line[len(MARK):])
+            sc, c, _, _ = plan[mark["i"]]
+            if mark["rc"] != 0:
+                raise BenchError(f"vllm bench serve failed for {sc.name} c={c}: {mark['error']} | "
+                                 + " | ".join(tail))
+            done += 1
+            yield mark["i"], time.monotonic() - t0
+            t0 = time.monotonic()
+        rc = proc.wait()
+        if done < len(plan):
+            why = "timed out" if rc < 0 and not watchdog.is_alive() else f"exit {rc}"
+            sc, c, _, _ = plan[done]
+            raise BenchError(f"vllm bench serve stopped at {sc.name} c={c} ({why}): "
+                             + " | ".join(tail))
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if fh:
+            fh.close()
+
+
 def run(
     *, url: str, model: str, tokenizer: str | None, scenarios: list[str], concurrency: list[int],
     config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
-    timeout_s: int = 1800, log: Path | None = None,
+    timeout_s: int = 1800, log: Path | None = None, vllm_python: str | None = None,
+    partial: Path | None = None,
 ) -> dict[str, Any]:
+    """vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
+    instead of one `vllm_cmd bench serve` process per scenario and concurrency.
+    partial: rewritten after every run ("partial": true), so a bench cut off keeps its rows."""
     rows: list[dict[str, Any]] = []
-    plan = [(SCENARIOS[s], c) for s in scenarios for c in concurrency]
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        for k, (sc, c) in enumerate(plan):
-            _progress(k, len(plan), f"{sc.name} c={c}")
-            fname = f"{sc.name}-c{c}.json"
-            cmd = bench_command(vllm_cmd, url, model, tokenizer, sc, c, per, seed + c,
-                                Path(tmp), fname)
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  check=False)
-            if log is not None:
-                with log.open("a") as fh:
-                    fh.write(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
-            res = Path(tmp) / fname
-            if proc.returncode != 0 or not res.exists():
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-                raise BenchError(f"vllm bench serve failed for {sc.name} c={c} "
-                                 f"(exit {proc.returncode}): " + " | ".join(tail))
+    meta = {"url": url, "model": model, "config": config, "seed": seed,
+            "prompts_per_concurrency": per, "hourly_usd": hourly_usd,
+            "tool": "vllm bench serve", "ignore_eos": True, "one_process": bool(vllm_python)}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        plan: Plan = []
+        for s in scenarios:
+            for c in concurrency:
+                sc = SCENARIOS[s]
+                fname = f"{sc.name}-c{c}.json"
+                plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, seed + c,
+                                                      tmp, fname)))
+        _progress(0, len(plan), f"{plan[0][0].name} c={plan[0][1]}")
+        runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
+                else _run_each(plan, vllm_cmd, timeout_s, log))
+        for k, wall in runs:
+            sc, c, fname, _ = plan[k]
+            res = tmp / fname
+            if not res.exists():
+                raise BenchError(f"vllm bench serve wrote no result for {sc.name} c={c}")
             row = row_from_result(json.loads(res.read_text()), sc.name, c, config)
-            row["wall_s"] = round(time.monotonic() - t0, 1)
+            if row["completed"] == 0:  # vLLM's bench exits 0 when every request failed
+                raise BenchError(f"no request completed at {sc.name} c={c} ({row['failed']} failed). "
+                                 f"Fix: check that {url} serves {model!r}"
+                                 + (f" (requests' errors: {log})" if log else ""))
+            row["wall_s"] = round(wall, 1)
             row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
             rows.append(row)
-        _progress(len(plan), len(plan), "done")
-    return {"meta": {"url": url, "model": model, "config": config, "seed": seed,
-                     "prompts_per_concurrency": per, "hourly_usd": hourly_usd,
-                     "tool": "vllm bench serve", "ignore_eos": True},
-            "runs": rows}
+            if partial is not None:
+                partial.write_text(json.dumps({"meta": meta, "runs": rows, "partial": True},
+                                              indent=2, sort_keys=True) + "\n")
+            nxt = f"{plan[k + 1][0].name} c={plan[k + 1][1]}" if k + 1 < len(plan) else "done"
+            _progress(k + 1, len(plan), nxt)
+    return {"meta": meta, "runs": rows}
 
 
 class BenchError(Exception):
@@ -258,13 +348,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ["OPENAI_API_KEY"] = key  # what `vllm bench serve` sends as a Bearer token
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.label}.json").unlink(missing_ok=True)  # no stale result beside a cut-off run
     try:
         result = run(url=args.url.rstrip("/"), model=model, tokenizer=args.tokenizer,
                      scenarios=scenarios, concurrency=conc, config=args.label,
                      vllm_cmd=shlex.split(args.vllm_cmd), per=args.prompts_per_concurrency,
-                     seed=args.seed, hourly_usd=hourly, log=out / f"{args.label}.log")
+                     seed=args.seed, hourly_usd=hourly, log=out / f"{args.label}.log",
+                     vllm_python=args.vllm_python, partial=out / f"{args.label}.json")
     except (BenchError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"\nerror: {exc}", file=sys.stderr)  # after the progress bar's line
         return 1
     result["meta"]["profile"] = args.profile
     (out / f"{args.label}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -306,6 +398,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--out", default="build/bench")
     rp.add_argument("--api-key-file", help="default: $INFERENCE_API_KEY")
     rp.add_argument("--vllm-cmd", default="vllm", help="how to call vLLM's CLI")
+    rp.add_argument("--vllm-python", metavar="PYTHON",
+                    help="run every scenario and concurrency in one process of this interpreter "
+                    "(one that imports vllm) instead of one `vllm bench serve` each: saves "
+                    "vLLM's import per run")
     rp.set_defaults(func=cmd_run)
     cp = bsub.add_parser("compare", help="ratios B/A side by side")
     cp.add_argument("a")

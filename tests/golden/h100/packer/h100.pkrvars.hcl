@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 045c0f66f4f105645d8c0a4e6eb3cea10f545cf1545c49465521fe0bde3e8e79): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 f91e7632206346365f6cea88ff94b76cc37dabfad0113bc954ca8e054954a8a6): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "045c0f66f4f105645d8c0a4e6eb3cea10f545cf1545c49465521fe0bde3e8e79"
+profile_sha256 = "f91e7632206346365f6cea88ff94b76cc37dabfad0113bc954ca8e054954a8a6"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
