@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit molecule molecule-gpu molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit molecule molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate e2e clean
 
 help: ## this list
@@ -118,8 +118,7 @@ else
 	  if [ -z "$$models" ] && [ -z "$${HF_TOKEN:-}" ]; then \
 	    models=$(CURDIR)/build/models-standin; \
 	    echo "make image: no HF_TOKEN and no MODELS_DIR: the $(GPU) image gets weightless stand-ins (config + local tokenizer, serve with --load-format dummy) at $$models" >&2; \
-	    for m in $$(jq -r '.models_list[].name' build/$(GPU)/ansible/extra-vars.json); do \
-	      $(BIN)/python scripts/make-test-model $$m $$models/$$m || exit 1; done; \
+	    $(MAKE) -s standin-models GPU=$(GPU) || exit 1; \
 	  fi; \
 	  extra='-var serve_during_build=false -var qemu_disk_size=40G -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"'$${models:+,\"models_local_dir=$$models\"}']'; \
 	fi; \
@@ -143,6 +142,19 @@ validate: setup ## packer validate, every tier x builder, with a placeholder tok
 
 e2e: setup ## cpu image via qemu, booted like a fresh droplet, image_tests over SSH (slow: software emulation)
 	scripts/e2e-local
+
+standin-models: ## weightless stand-ins (config + local tokenizer) of GPU=<tier>'s models in build/models-standin
+	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU) >/dev/null
+	@for m in $$(jq -r '.models_list[].name' build/$(GPU)/ansible/extra-vars.json); do \
+	  [ -s build/models-standin/$$m/config.json ] || $(BIN)/python scripts/make-test-model $$m build/models-standin/$$m || exit 1; done
+
+molecule-gpu-playbook: molecule-image ## the h100 tier's whole playbook in a container (vLLM CUDA stack, no GPU; slow: 3.6 GB of wheels)
+	$(BIN)/inference-image render --profile h100 --out build/h100
+	scripts/fetch-wheels build/h100 >/dev/null
+	$(MAKE) -s standin-models GPU=h100
+	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/h100 \
+	  INFERENCE_WHEELS=$(CURDIR)/build/wheels INFERENCE_MODELS_DIR=$(CURDIR)/build/models-standin \
+	  $(CURDIR)/$(BIN)/molecule test -s gpu-playbook
 
 molecule-gpu: molecule-image ## the nvidia_driver role for h100 in a container: packages, holds, drop-in (no GPU, no kernel module)
 	$(BIN)/inference-image render --profile h100 --out build/h100

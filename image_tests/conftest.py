@@ -37,7 +37,7 @@ class Http:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "suite(name): smoke, gpu, hygiene, security, throughput")
-    config.addinivalue_line("markers", "serving: needs the stack running")
+    config.addinivalue_line("markers", "serving: needs the stack running, or the GPU itself")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -118,7 +118,10 @@ def test_ports_bound_where_they_should_be(root: Any, profile: dict[str, Any]) ->
 def test_model_cache_present(root: Any, profile: dict[str, Any]) -> None:
     for m in profile["models"]:
         assert root.file(f"{m['path']}/config.json").is_file, f"{m['name']}: no config.json in {m['path']}"
-        if not m["local_config"]:
+        # a weightless stand-in (scripts/make-test-model: a GPU tier built without hub access)
+        # says so in its folder and in version-info; every other model brings weights
+        standin = root.file(f"{m['path']}/.make-test-model").exists
+        if not m["local_config"] and not standin:
             weights = root.run(f"ls {m['path']} | grep -c '\\.safetensors$'").stdout.strip()
             assert int(weights or 0) > 0, f"{m['name']}: no weights in {m['path']}"
 
