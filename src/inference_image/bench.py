@@ -8,6 +8,7 @@ writes JSON, a Markdown table and PNG charts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ Plan = list[tuple[Scenario, int, str, list[str]]]  # scenario, concurrency, resu
 
 
 def _run_each(plan: Plan, vllm_cmd: list[str], timeout_s: int, log: Path | None,
-              ) -> Iterator[tuple[int, float]]:
+              ) -> Generator[tuple[int, float], None, None]:
     """One `vllm bench serve` process per entry; yields (index, wall seconds)."""
     for k, (sc, c, _, args) in enumerate(plan):
         cmd = [*vllm_cmd, "bench", "serve", *args]
@@ -133,7 +134,7 @@ def _run_each(plan: Plan, vllm_cmd: list[str], timeout_s: int, log: Path | None,
 
 
 def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, tmp: Path,
-               ) -> Iterator[tuple[int, float]]:
+               ) -> Generator[tuple[int, float], None, None]:
     """Every entry in one process of vLLM's Python (vllm_bench_batch.py); the first entry's wall
     time includes the one import of vLLM."""
     plan_file = tmp / "plan.json"
@@ -204,24 +205,26 @@ def run(
         _progress(0, len(plan), f"{plan[0][0].name} c={plan[0][1]}")
         runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
                 else _run_each(plan, vllm_cmd, timeout_s, log))
-        for k, wall in runs:
-            sc, c, fname, _ = plan[k]
-            res = tmp / fname
-            if not res.exists():
-                raise BenchError(f"vllm bench serve wrote no result for {sc.name} c={c}")
-            row = row_from_result(json.loads(res.read_text()), sc.name, c, config)
-            if row["completed"] == 0:  # vLLM's bench exits 0 when every request failed
-                raise BenchError(f"no request completed at {sc.name} c={c} ({row['failed']} failed). "
-                                 f"Fix: check that {url} serves {model!r}"
-                                 + (f" (requests' errors: {log})" if log else ""))
-            row["wall_s"] = round(wall, 1)
-            row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
-            rows.append(row)
-            if partial is not None:
-                partial.write_text(json.dumps({"meta": meta, "runs": rows, "partial": True},
-                                              indent=2, sort_keys=True) + "\n")
-            nxt = f"{plan[k + 1][0].name} c={plan[k + 1][1]}" if k + 1 < len(plan) else "done"
-            _progress(k + 1, len(plan), nxt)
+        # closing: a row refused below stops the one-process bench at once (its finally kills it)
+        with contextlib.closing(runs):
+            for k, wall in runs:
+                sc, c, fname, _ = plan[k]
+                res = tmp / fname
+                if not res.exists():
+                    raise BenchError(f"vllm bench serve wrote no result for {sc.name} c={c}")
+                row = row_from_result(json.loads(res.read_text()), sc.name, c, config)
+                if row["completed"] == 0:  # vLLM's bench exits 0 when every request failed
+                    raise BenchError(f"no request completed at {sc.name} c={c} ({row['failed']} failed). "
+                                     f"Fix: check that {url} serves {model!r}"
+                                     + (f" (requests' errors: {log})" if log else ""))
+                row["wall_s"] = round(wall, 1)
+                row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
+                rows.append(row)
+                if partial is not None:
+                    partial.write_text(json.dumps({"meta": meta, "runs": rows, "partial": True},
+                                                  indent=2, sort_keys=True) + "\n")
+                nxt = f"{plan[k + 1][0].name} c={plan[k + 1][1]}" if k + 1 < len(plan) else "done"
+                _progress(k + 1, len(plan), nxt)
     return {"meta": meta, "runs": rows}
 
 
