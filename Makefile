@@ -149,9 +149,8 @@ standin-models: ## weightless stand-ins (config + local tokenizer) of GPU=<tier>
 	  [ -s build/models-standin/$$m/config.json ] || $(BIN)/python scripts/make-test-model $$m build/models-standin/$$m || exit 1; done
 
 molecule-gpu-playbook: molecule-image ## the h100 tier's whole playbook in a container (vLLM CUDA stack, no GPU; slow: 3.6 GB of wheels)
-	$(BIN)/inference-image render --profile h100 --out build/h100
-	scripts/fetch-wheels build/h100 >/dev/null
 	$(MAKE) -s standin-models GPU=h100
+	scripts/fetch-wheels build/h100 >/dev/null
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/h100 \
 	  INFERENCE_WHEELS=$(CURDIR)/build/wheels INFERENCE_MODELS_DIR=$(CURDIR)/build/models-standin \
 	  $(CURDIR)/$(BIN)/molecule test -s gpu-playbook

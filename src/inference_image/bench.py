@@ -138,7 +138,8 @@ def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, t
     """Every entry in one process of vLLM's Python (vllm_bench_batch.py); the first entry's wall
     time includes the one import of vLLM."""
     plan_file = tmp / "plan.json"
-    plan_file.write_text(json.dumps([args for *_, args in plan]))
+    plan_json = json.dumps([args for *_, args in plan])
+    plan_file.write_text(plan_json)
     cmd = [vllm_python, str(Path(__file__).with_name("vllm_bench_batch.py")), str(plan_file)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(timeout_s * len(plan), proc.kill)
@@ -148,7 +149,7 @@ def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, t
     done = 0
     try:
         if fh:
-            fh.write(f"$ {shlex.join(cmd)}  # {json.dumps([args for *_, args in plan])}\n")
+            fh.write(f"$ {shlex.join(cmd)}  # {plan_json}\n")
         t0 = time.monotonic()
         assert proc.stdout is not None
         for line in proc.stdout:
