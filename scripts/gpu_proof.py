@@ -356,10 +356,24 @@ def assemble(d: str, out: str) -> None:
     print("ready_s", json.dumps(doc["ready_s"]), "spec", json.dumps(doc["speculative"]["greedy"]))
 
 
+def better(bench_dir: str, base: str, variant: str, gain: str = "0.02") -> None:
+    """Exit 0 when VARIANT's chat c=1 output tok/s beats BASE's by GAIN (a fraction), else 1:
+    lets one device call decide whether a variant earns a full run before the machine goes back."""
+    def c1(label: str) -> float:
+        data = _load(Path(bench_dir) / f"{label}.json") or {}
+        return next((r["output_tok_s"] for r in data.get("runs", [])
+                     if r["scenario"] == "chat" and r["concurrency"] == 1), 0.0)
+    a, b = c1(base), c1(variant)
+    won = a > 0 and b >= a * (1 + float(gain))
+    print(f"c=1: {base} {a:.1f} tok/s, {variant} {b:.1f} tok/s -> "
+          f"{'run ' + variant + ' in full' if won else 'keep ' + base}")
+    sys.exit(0 if won else 1)
+
+
 def main() -> None:
     cmd, *rest = sys.argv[1:]
     {"prep-models": prep_models, "bandwidth": bandwidth, "gemm": gemm, "greedy": greedy,
-     "metrics": metrics, "profile": profile, "assemble": assemble}[cmd](*rest)
+     "metrics": metrics, "profile": profile, "assemble": assemble, "better": better}[cmd](*rest)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def test_bench_command_for_shared_prefix():
 
 def test_num_prompts_floor():
     assert bench.num_prompts(1, 4) == 8 and bench.num_prompts(64, 4) == 256
+    assert bench.num_prompts(1, 4, 16) == 16 and bench.num_prompts(8, 4, 16) == 32
 
 
 def test_row_and_cost_and_compare():
@@ -83,3 +85,20 @@ def test_a_bench_where_every_request_failed_is_an_error_and_earlier_rows_are_kep
     kept = json.loads(partial.read_text())
     assert kept["partial"] is True
     assert [(r["concurrency"], r["output_tok_s"]) for r in kept["runs"]] == [(1, 99.0)]
+
+
+def test_min_prompts_reaches_the_bench_and_zero_is_refused(tmp_path):
+    # the fake bench reports how many prompts it was asked for as its completed count
+    fake = ("import json,sys; a=sys.argv; d=a[a.index('--result-dir')+1]; "
+            "f=a[a.index('--result-filename')+1]; n=int(a[a.index('--num-prompts')+1]); "
+            "json.dump({'completed': n, 'failed': 0, 'output_throughput': 1.0}, open(d+'/'+f, 'w'))")
+    res = bench.run(url="http://127.0.0.1:9", model="m", tokenizer=None, scenarios=["chat"],
+                    concurrency=[1, 2, 8], config="x", vllm_cmd=[sys.executable, "-c", fake],
+                    min_prompts=16)
+    assert [(r["concurrency"], r["completed"]) for r in res["runs"]] == [(1, 16), (2, 16), (8, 32)]
+    assert res["meta"]["min_prompts"] == 16
+    r = subprocess.run([sys.executable, "-m", "inference_image.cli", "bench", "run", "--model", "m",
+                        "--min-prompts", "0", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--min-prompts: '0': give an integer >= 1" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -49,20 +49,25 @@ SATURATION = [32, 64]
 QUICK = {"scenarios": ["chat"], "concurrency": [1, 4, 16]}
 
 
-def num_prompts(concurrency: int, per: int) -> int:
-    return max(8, per * concurrency)
+MIN_PROMPTS = 8
+
+
+def num_prompts(concurrency: int, per: int, floor: int = MIN_PROMPTS) -> int:
+    """per x concurrency, at least `floor`: at low concurrency one slow request in a handful
+    moves the mean TTFT (run 7: one of 8 requests at c=1 turned a 1 ms lead into a 2 ms loss)."""
+    return max(floor, per * concurrency)
 
 
 def bench_args(
     url: str, model: str, tokenizer: str | None, sc: Scenario, c: int, per: int, seed: int,
-    result_dir: Path, result_file: str,
+    result_dir: Path, result_file: str, floor: int = MIN_PROMPTS,
 ) -> list[str]:
     """What follows `vllm bench serve` for one scenario at one concurrency."""
     args = ["--backend", "vllm", "--base-url", url,
             "--model", model, "--dataset-name", "random",
             "--random-input-len", str(sc.input_len - sc.prefix_len),
             "--random-output-len", str(sc.output_len),
-            "--num-prompts", str(num_prompts(c, per)), "--max-concurrency", str(c),
+            "--num-prompts", str(num_prompts(c, per, floor)), "--max-concurrency", str(c),
             "--num-warmups", str(min(c, 4)), "--ignore-eos", "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
@@ -185,14 +190,14 @@ def run(
     *, url: str, model: str, tokenizer: str | None, scenarios: list[str], concurrency: list[int],
     config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
     timeout_s: int = 1800, log: Path | None = None, vllm_python: str | None = None,
-    partial: Path | None = None,
+    partial: Path | None = None, min_prompts: int = MIN_PROMPTS,
 ) -> dict[str, Any]:
     """vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
     instead of one `vllm_cmd bench serve` process per scenario and concurrency.
     partial: rewritten after every run ("partial": true), so a bench cut off keeps its rows."""
     rows: list[dict[str, Any]] = []
     meta = {"url": url, "model": model, "config": config, "seed": seed,
-            "prompts_per_concurrency": per, "hourly_usd": hourly_usd,
+            "prompts_per_concurrency": per, "min_prompts": min_prompts, "hourly_usd": hourly_usd,
             "tool": "vllm bench serve", "ignore_eos": True, "one_process": bool(vllm_python)}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
         tmp = Path(tmpdir)
@@ -202,7 +207,7 @@ def run(
                 sc = SCENARIOS[s]
                 fname = f"{sc.name}-c{c}.json"
                 plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, seed + c,
-                                                      tmp, fname)))
+                                                      tmp, fname, min_prompts)))
         _progress(0, len(plan), f"{plan[0][0].name} c={plan[0][1]}")
         runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
                 else _run_each(plan, vllm_cmd, timeout_s, log))
@@ -316,6 +321,16 @@ def _ints(s: str) -> list[int]:
     return vals
 
 
+def _count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: give an integer >= 1")
+    return v
+
+
 def _api_key(args: argparse.Namespace) -> str | None:
     if args.api_key_file:
         return Path(args.api_key_file).read_text().strip()
@@ -358,7 +373,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      scenarios=scenarios, concurrency=conc, config=args.label,
                      vllm_cmd=shlex.split(args.vllm_cmd), per=args.prompts_per_concurrency,
                      seed=args.seed, hourly_usd=hourly, log=out / f"{args.label}.log",
-                     vllm_python=args.vllm_python, partial=out / f"{args.label}.json")
+                     vllm_python=args.vllm_python, partial=out / f"{args.label}.json",
+                     min_prompts=args.min_prompts)
     except (BenchError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)  # after the progress bar's line
         return 1
@@ -396,7 +412,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--concurrency", type=_ints, help="e.g. 1,2,4,8,16")
     rp.add_argument("--no-saturation", action="store_true", help="skip concurrency 32 and 64")
     rp.add_argument("--quick", action="store_true", help="chat at c=1,4,16 (the throughput suite)")
-    rp.add_argument("--prompts-per-concurrency", type=int, default=4)
+    rp.add_argument("--prompts-per-concurrency", type=_count, default=4)
+    rp.add_argument("--min-prompts", type=_count, default=MIN_PROMPTS,
+                    help=f"at least this many prompts per run (default {MIN_PROMPTS})")
     rp.add_argument("--seed", type=int, default=0)
     rp.add_argument("--label", default="run", help="config name in results and file names")
     rp.add_argument("--out", default="build/bench")

@@ -7,6 +7,9 @@ ones (docs/benchmarks.md). The table names the faster kernel for each weight sha
 size vLLM captures a CUDA graph for; a batch runs the entry of the smallest measured size that
 holds it (the size vLLM pads it to). Shapes or sizes the table does not cover run Cutlass, and
 so does everything on a GPU of another compute capability than the table was measured on.
+
+At 1-4 rows a table may also name a Triton GEMV block shape, `triton:BLOCK_N:BLOCK_K:WARPS:STAGES`
+(gemv.py): at concurrency 1 the small projections are latency-bound in both library kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +23,31 @@ if TYPE_CHECKING:
     import torch
 
 KERNELS = ("cutlass", "cublaslt", "cublaslt_fast")
+GEMV_MAX_M = 4  # beyond a few rows a GEMV re-reads its weight tile per row: a GEMM kernel's job
+
+
+def parse_gemv(kernel: str) -> tuple[int, int, int, int] | None:
+    """`triton:BLOCK_N:BLOCK_K:WARPS:STAGES` -> the four integers; None for a library kernel."""
+    if not kernel.startswith("triton:"):
+        return None
+    fields = kernel.split(":")[1:]
+    if len(fields) != 4 or not all(f.isdigit() and int(f) > 0 for f in fields):
+        raise ValueError(f"{kernel!r}: want triton:BLOCK_N:BLOCK_K:WARPS:STAGES")
+    bn, bk, warps, stages = (int(f) for f in fields)
+    if any(v & (v - 1) for v in (bn, bk, warps)):
+        raise ValueError(f"{kernel!r}: BLOCK_N, BLOCK_K and WARPS must be powers of two")
+    return bn, bk, warps, stages
+
+
+def gemv_name(bn: int, bk: int, warps: int, stages: int) -> str:
+    return f"triton:{bn}:{bk}:{warps}:{stages}"
+
+
+# The GEMV block shapes `tune` tries: rows per program x bytes of K per load, 4-8 KB of weights
+# in flight per program and stage, at most 64 float32 values of the tile per thread.
+GEMV_CONFIGS = [gemv_name(bn, bk, warps, stages)
+                for bn, bk, warps in ((2, 2048, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4))
+                for stages in (2, 4)]
 
 
 class Table:
@@ -35,8 +63,16 @@ class Table:
             for key, rows in data.get("shapes", {}).items():
                 n, k = (int(v) for v in key.split(","))
                 pairs = sorted((int(m), str(kern)) for m, kern in rows)
-                if any(kern not in KERNELS for _, kern in pairs):
-                    raise ValueError(f"{path}: unknown kernel in {key}: {pairs}")
+                for m, kern in pairs:
+                    try:
+                        gemv = parse_gemv(kern)
+                    except ValueError as e:
+                        raise ValueError(f"{path}: {key} at {m} rows: {e}") from None
+                    if gemv is None and kern not in KERNELS:
+                        raise ValueError(f"{path}: unknown kernel in {key}: {pairs}")
+                    if gemv is not None and m > GEMV_MAX_M:
+                        raise ValueError(f"{path}: {key}: {kern} at {m} rows; the Triton GEMV "
+                                         f"serves at most {GEMV_MAX_M}")
                 self.entries[(n, k)] = pairs
 
     def kernel(self, m: int, n: int, k: int) -> str:
@@ -93,6 +129,12 @@ def run(
     """a [M, K] FP8 row-major, b [K, N] FP8 column-major (vLLM's layout for both kernels)."""
     import torch
 
+    if kernel.startswith("triton:"):
+        from . import gemv
+
+        if gemv.supports(a, b, scale_a, scale_b):
+            return gemv.fp8_gemv(kernel, a, b, scale_a, scale_b, bias, out_dtype)
+        kernel = "cutlass"
     if kernel != "cutlass" and scale_a.numel() == 1 and scale_b.numel() == 1:
         return torch._scaled_mm(
             a,

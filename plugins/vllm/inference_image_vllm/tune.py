@@ -1,4 +1,5 @@
-"""Measure Cutlass and cuBLASLt FP8 GEMMs at every batch size vLLM captures; write the table.
+"""Measure Cutlass, cuBLASLt and (at 1-4 rows) Triton GEMV FP8 kernels at every batch size vLLM
+captures; write the table.
 
     python -m inference_image_vllm.tune --table OUT.json [--report REPORT.json]
 
@@ -83,7 +84,8 @@ def main() -> None:
         for m in sizes:
             t, err = {}, {}
             a = xq[:m].contiguous()
-            for kern in dispatch.KERNELS:
+            gemvs = dispatch.GEMV_CONFIGS if m <= dispatch.GEMV_MAX_M else []
+            for kern in [*dispatch.KERNELS, *gemvs]:
                 out = dispatch.run(kern, a, w0, xs, s0, None, torch.bfloat16)
                 err[kern] = ((out.float() - ref[:m]).abs().max() / scale).item()
                 t[kern] = graph_us(
@@ -94,19 +96,22 @@ def main() -> None:
                         for w, s in ws
                     ]
                 )
-            ok = [kk for kk in dispatch.KERNELS if err[kk] <= 2 * err["cutlass"] + 1e-3]
+            ok = [kk for kk in t if err[kk] <= 2 * err["cutlass"] + 1e-3]
             best = min(ok, key=lambda kk: t[kk])
             if best != "cutlass" and t[best] > (1 - args.margin) * t["cutlass"]:
                 best = "cutlass"
             chosen.append([m, best])
-            rows.append(
-                {
-                    "m": m,
-                    **{f"{kk}_us": round(t[kk], 2) for kk in dispatch.KERNELS},
-                    **{f"{kk}_err": round(err[kk], 5) for kk in dispatch.KERNELS},
-                    "chosen": best,
-                }
-            )
+            row = {
+                "m": m,
+                **{f"{kk}_us": round(t[kk], 2) for kk in dispatch.KERNELS},
+                **{f"{kk}_err": round(err[kk], 5) for kk in dispatch.KERNELS},
+                "chosen": best,
+            }
+            if gemvs:  # the fastest accurate block shape, and every one's time
+                g = min((kk for kk in gemvs if kk in ok), key=lambda kk: t[kk], default=gemvs[0])
+                row.update(triton=g, triton_us=round(t[g], 2), triton_err=round(err[g], 5),
+                           triton_all_us={kk: round(t[kk], 2) for kk in gemvs})
+            rows.append(row)
         table[f"{n},{k}"] = chosen
         report["shapes"][name] = {"k": k, "n": n, "rows": rows}
         del ws
@@ -129,16 +134,18 @@ def main() -> None:
     if args.report:
         with open(args.report, "w") as fh:
             json.dump(report, fh, indent=1)
-    print(f"{'M':>4}" + "".join(f"{s:>26}" for s in SHAPES) + "   (us: cutlass/cublaslt/fast -> chosen)")
+    print(f"{'M':>4}" + "".join(f"{s:>31}" for s in SHAPES)
+          + "   (us: cutlass/cublaslt/fast/triton -> chosen)")
     for i, m in enumerate(sizes):
         cells = []
         for s in SHAPES:
             r = report["shapes"][s]["rows"][i]
+            tri = f"/{r['triton_us']:.1f}" if "triton_us" in r else ""
             cells.append(
-                f"{r['cutlass_us']:.1f}/{r['cublaslt_us']:.1f}/{r['cublaslt_fast_us']:.1f}"
+                f"{r['cutlass_us']:.1f}/{r['cublaslt_us']:.1f}/{r['cublaslt_fast_us']:.1f}{tri}"
                 f"->{r['chosen'][:4]}{'F' if r['chosen'].endswith('fast') else ''}"
             )
-        print(f"{m:>4}" + "".join(f"{c:>26}" for c in cells))
+        print(f"{m:>4}" + "".join(f"{c:>31}" for c in cells))
     print(f"tuned in {report['seconds']} s")
 
 
