@@ -337,6 +337,12 @@ def assemble(d: str, out: str) -> None:
         "speculative": {"greedy": _compare_greedy(_load(w / "greedy-optimized.json"),
                                                   _load(w / "greedy-spec.json")),
                         "counters": _load(w / "spec-metrics.json") or {}},
+        # variants' greedy text against the profile's (same dummy weights in every start)
+        "greedy_vs_optimized": {
+            p.stem.removeprefix("greedy-"): _compare_greedy(_load(w / "greedy-optimized.json"),
+                                                            _load(p))
+            for p in sorted(w.glob("greedy-*.json"))
+            if p.stem not in ("greedy-optimized", "greedy-spec")},
     }
     Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     # The table last: that is what the device reply shows.
@@ -354,6 +360,9 @@ def assemble(d: str, out: str) -> None:
         print(f"roofline {cfg}: {rf['decode_tok_s']} of {rf['roofline_tok_s']} tok/s "
               f"= {rf['c1_fraction']:.0%}")
     print("ready_s", json.dumps(doc["ready_s"]), "spec", json.dumps(doc["speculative"]["greedy"]))
+    for label, g in doc["greedy_vs_optimized"].items():
+        print(f"greedy {label} vs optimized: {g.get('identical', 0)} of {g['checked']} identical, "
+              f"first divergence {g.get('first_divergence')}")
 
 
 def better(bench_dir: str, base: str, variant: str, gain: str = "0.02") -> None:

@@ -87,6 +87,14 @@ def test_fp8_gemm_dispatch_needs_fp8_weights_and_vllms_kernel_choice(pdir):
     assert "serving.fp8_gemm_dispatch" in err and "linear_backend torch" in err
 
 
+def test_triton_decode_attention_needs_the_flash_attention_backend(pdir):
+    (err,) = errors_of("l40s", pdir, overrides=["serving.triton_decode_max_tokens=8"])
+    assert "serving.triton_decode_max_tokens: small decode batches are routed inside" in err
+    assert "Fix: set serving.triton_decode_max_tokens: 0, or serving.flash_attention_3: true" in err
+    (err,) = errors_of("h100", pdir, overrides=["serving.triton_decode_max_tokens=65"])
+    assert "serving.triton_decode_max_tokens" in err and "64" in err
+
+
 def test_fp8_below_compute_capability_8_9_is_refused(pdir):
     a100 = (pdir / "l40s.yaml").read_text().replace("tier: l40s", "tier: a100").replace(
         'compute_capability: "8.9"', 'compute_capability: "8.0"').replace(

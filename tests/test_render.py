@@ -88,6 +88,7 @@ def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):
     # The plugin's table was measured on Hopper only: Ada tiers keep vLLM's own FP8 kernel.
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_FP8_DISPATCH" not in env
+    assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS" not in env  # FA3-only: Hopper tiers
 
 
 def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_flag(tmp_path):
@@ -155,3 +156,10 @@ def test_api_key_is_checked_by_nginx_not_passed_on_command_lines(tmp_path):
     assert "return 401" not in health and "if ($inference_key_ok = 0)" in rest
     fb = (tmp_path / "usr/local/sbin/inference-firstboot").read_text()
     assert "/etc/inference-image/api-key.nginx" in fb and "umask 077" in fb
+
+
+def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
+    render(resolve("h100", ROOT / "profiles", overrides=["serving.triton_decode_max_tokens=8"]),
+           tmp_path)
+    env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+    assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # read by the plugin's register()

@@ -392,6 +392,11 @@ def _check(
             f"FlashAttention 3 runs on Hopper (compute capability 9.x) only; "
             f"{hw.gpu_model or 'the cpu tier'} is {cc or 'no GPU'}",
             "set serving.flash_attention_3: false (vLLM picks FlashAttention 2 or its own kernels)")
+    if s.triton_decode_max_tokens and not s.flash_attention_3:
+        err("serving.triton_decode_max_tokens",
+            "small decode batches are routed inside vLLM's FlashAttention backend, which this "
+            "profile does not use (flash_attention_3 is false)",
+            "set serving.triton_decode_max_tokens: 0, or serving.flash_attention_3: true")
     if s.fp8_gemm_dispatch and (m.quantization == "none" or s.linear_backend != "auto"):
         err("serving.fp8_gemm_dispatch",
             "the dispatch wraps vLLM's Cutlass FP8 GEMM, so it needs FP8 weights and linear_backend "

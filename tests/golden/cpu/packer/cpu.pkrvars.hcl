@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 431903ea0b856af39c8349b92eb60499b89f3c0f25ae3da65670ddb76984d234): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 b82a990f9a2d891abc7565642eb342bb2d144b58b794f0020f242ecd674f0b8f): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "431903ea0b856af39c8349b92eb60499b89f3c0f25ae3da65670ddb76984d234"
+profile_sha256 = "b82a990f9a2d891abc7565642eb342bb2d144b58b794f0020f242ecd674f0b8f"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

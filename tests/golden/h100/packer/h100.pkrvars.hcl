@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 f91e7632206346365f6cea88ff94b76cc37dabfad0113bc954ca8e054954a8a6): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 09fc96bab3cccb41a31435d888b4dca3d6677bfaa0b1519fbaf1928cf3a7e764): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "f91e7632206346365f6cea88ff94b76cc37dabfad0113bc954ca8e054954a8a6"
+profile_sha256 = "09fc96bab3cccb41a31435d888b4dca3d6677bfaa0b1519fbaf1928cf3a7e764"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

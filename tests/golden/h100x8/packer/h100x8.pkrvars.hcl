@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 8f5e7aaea2de15e196f112da9ca780856aaf4007c1b4450c8190596a3cf394db): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 d718bb2599a262c4965cf99735e5df99601df56454b6c3b02c3db3a0194ba7b3): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "8f5e7aaea2de15e196f112da9ca780856aaf4007c1b4450c8190596a3cf394db"
+profile_sha256 = "d718bb2599a262c4965cf99735e5df99601df56454b6c3b02c3db3a0194ba7b3"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
