@@ -91,3 +91,7 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
             table = re.search(r"inference-image FP8 dispatch installed \(table: ([^,]+),", log)
             assert table, "the inference-image vLLM plugin did not log its table"
             assert not table.group(1).startswith("none"), f"no kernel table for this GPU: {table.group(1)}"
+    if serving.get("triton_decode_max_tokens"):
+        n = serving["triton_decode_max_tokens"]
+        assert f"decode batches of <= {n} tokens use Triton attention" in log, \
+            "serving.triton_decode_max_tokens is set but the plugin did not install it"

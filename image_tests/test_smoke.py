@@ -144,3 +144,6 @@ def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
     env = root.run(f"cat {profile['paths']['units']}/*.env").stdout
     assert ("INFERENCE_IMAGE_FP8_DISPATCH=1" in env) == bool(
         profile["profile"]["serving"].get("fp8_gemm_dispatch")), "unit env and profile disagree"
+    n = profile["profile"]["serving"].get("triton_decode_max_tokens") or 0
+    assert (f"INFERENCE_IMAGE_TRITON_DECODE_TOKENS={n}" in env) == bool(n), \
+        "unit env and profile disagree on serving.triton_decode_max_tokens"

@@ -75,3 +75,25 @@ def test_a_table_written_by_tune_is_used_on_its_own_compute_capability(tmp_path,
     monkeypatch.setattr(dispatch, "capability", lambda: "9.0")
     t = dispatch.table()
     assert t.source == str(p) and t.kernel(1, 4096, 4096) == "cublaslt"
+
+
+def test_triton_gemv_entries_are_read_and_checked(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"capability": "9.0", "shapes": {
+        "4096,4096": [[1, "triton:8:512:4:4"], [4, "cutlass"]]}}))
+    t = dispatch.Table(str(p))
+    assert t.kernel(1, 4096, 4096) == "triton:8:512:4:4" and t.kernel(2, 4096, 4096) == "cutlass"
+    assert dispatch.parse_gemv("triton:8:512:4:4") == (8, 512, 4, 4)
+    assert dispatch.parse_gemv("cutlass") is None
+    for bad, msg in ((8, "serves at most 4"), ("x", "want triton:BLOCK_N")):
+        kern = "triton:8:512:4:4" if bad == 8 else "triton:8:512"
+        p.write_text(json.dumps({"shapes": {"4096,4096": [[bad if bad == 8 else 1, kern]]}}))
+        with pytest.raises(ValueError, match=msg):
+            dispatch.Table(str(p))
+    with pytest.raises(ValueError, match="powers of two"):
+        dispatch.parse_gemv("triton:6:512:4:4")
+
+
+def test_every_gemv_config_tune_tries_is_a_valid_name():
+    assert all(dispatch.parse_gemv(c) for c in dispatch.GEMV_CONFIGS)
+    assert len(set(dispatch.GEMV_CONFIGS)) == len(dispatch.GEMV_CONFIGS) == 10

@@ -79,6 +79,7 @@ def test_h100_instance_flags(tmp_path):
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert "INFERENCE_IMAGE_FP8_DISPATCH=1\n" in env  # serving.fp8_gemm_dispatch: the plugin's switch
+    assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # serving.triton_decode_max_tokens
 
 
 def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):
