@@ -43,7 +43,8 @@ def _fp8_mm_fake(
 
 
 class InferenceImageFP8ScaledMMLinearKernel(CutlassFP8ScaledMMLinearKernel):
-    """Cutlass, or cuBLASLt where the measured table says it is faster at this batch size."""
+    """Cutlass, or cuBLASLt or the Triton GEMV where the measured table says it is faster at this
+    batch size."""
 
     @classmethod
     def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
