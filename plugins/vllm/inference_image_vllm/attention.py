@@ -67,6 +67,14 @@ def install(max_tokens: int) -> None:
                             torch.empty(shape, dtype=torch.float32, device=device))
         return scratch[key]
 
+    def caches(impl: Any, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # (blocks, heads, slots, 2 x head) -> keys and values (blocks, slots, heads, head), FP8-typed
+        # for an FP8 cache: the layout both backends share in vLLM 0.26
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(impl.head_size, dim=-1)
+        if is_quantized_kv_cache(impl.kv_cache_dtype):
+            return key_cache.view(fp8), value_cache.view(fp8)
+        return key_cache, value_cache
+
     def fused_output_quant_supported(self: Any, quant_key: Any) -> bool:
         return quant_key == kFp8StaticTensorSym and plain(self)
 
@@ -74,9 +82,7 @@ def install(max_tokens: int) -> None:
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         if key.shape[0] > max_tokens or not plain(self):
             return fa_cache_update(self, layer, key, value, kv_cache, slot_mapping)
-        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        if is_quantized_kv_cache(self.kv_cache_dtype):
-            key_cache, value_cache = key_cache.view(fp8), value_cache.view(fp8)
+        key_cache, value_cache = caches(self, kv_cache)
         triton_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
                                        self.kv_cache_dtype, layer._k_scale, layer._v_scale)
         return None
@@ -90,10 +96,8 @@ def install(max_tokens: int) -> None:
         n = attn_metadata.num_actual_tokens
         if n <= max_tokens and output_block_scale is None and plain(self) \
                 and not attn_metadata.use_cascade:
-            key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+            key_cache, value_cache = caches(self, kv_cache)
             kv_mode = get_kv_quant_mode(self.kv_cache_dtype)
-            if is_quantized_kv_cache(self.kv_cache_dtype):
-                key_cache, value_cache = key_cache.view(fp8), value_cache.view(fp8)
             qsl = attn_metadata.query_start_loc
             descale = (qsl.shape[0] - 1, key_cache.shape[2])
             seg_out, seg_max, seg_sum = segments(self, query.device)
