@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 55023e975f64fb07774889295a54ff78615b21e6513b91015bf6cdfd5a0c3911): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 e5f12a292b86229059cafa8cbf3c24f9bca865b65dd94338a3d5c99e09548cf5): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "55023e975f64fb07774889295a54ff78615b21e6513b91015bf6cdfd5a0c3911"
+profile_sha256 = "e5f12a292b86229059cafa8cbf3c24f9bca865b65dd94338a3d5c99e09548cf5"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
