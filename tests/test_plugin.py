@@ -85,9 +85,9 @@ def test_triton_gemv_entries_are_read_and_checked(tmp_path):
     assert t.kernel(1, 4096, 4096) == "triton:8:512:4:4" and t.kernel(2, 4096, 4096) == "cutlass"
     assert dispatch.parse_gemv("triton:8:512:4:4") == (8, 512, 4, 4)
     assert dispatch.parse_gemv("cutlass") is None
-    for bad, msg in ((8, "serves at most 4"), ("x", "want triton:BLOCK_N")):
-        kern = "triton:8:512:4:4" if bad == 8 else "triton:8:512"
-        p.write_text(json.dumps({"shapes": {"4096,4096": [[bad if bad == 8 else 1, kern]]}}))
+    for rows, kern, msg in ((8, "triton:8:512:4:4", "serves at most 4"),
+                            (1, "triton:8:512", "want triton:BLOCK_N")):
+        p.write_text(json.dumps({"shapes": {"4096,4096": [[rows, kern]]}}))
         with pytest.raises(ValueError, match=msg):
             dispatch.Table(str(p))
     with pytest.raises(ValueError, match="powers of two"):
