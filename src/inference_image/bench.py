@@ -11,12 +11,14 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,10 +193,14 @@ def run(
     config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
     timeout_s: int = 1800, log: Path | None = None, vllm_python: str | None = None,
     partial: Path | None = None, min_prompts: int = MIN_PROMPTS,
+    spec_metrics_url: str | None = None,
 ) -> dict[str, Any]:
     """vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
     instead of one `vllm_cmd bench serve` process per scenario and concurrency.
-    partial: rewritten after every run ("partial": true), so a bench cut off keeps its rows."""
+    partial: rewritten after every run ("partial": true), so a bench cut off keeps its rows.
+    spec_metrics_url: a vLLM server whose /metrics is read after every run, so that each row of a
+    speculating server carries its acceptance length and draft acceptance rate (the counters
+    include vLLM's few warm-up requests of the run)."""
     rows: list[dict[str, Any]] = []
     meta = {"url": url, "model": model, "config": config, "seed": seed,
             "prompts_per_concurrency": per, "min_prompts": min_prompts, "hourly_usd": hourly_usd,
@@ -211,6 +217,7 @@ def run(
         _progress(0, len(plan), f"{plan[0][0].name} c={plan[0][1]}")
         runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
                 else _run_each(plan, vllm_cmd, timeout_s, log))
+        counters = spec_counters(spec_metrics_url) if spec_metrics_url else None
         # closing: a row refused below stops the one-process bench at once (its finally kills it)
         with contextlib.closing(runs):
             for k, wall in runs:
@@ -225,6 +232,10 @@ def run(
                                      + (f" (requests' errors: {log})" if log else ""))
                 row["wall_s"] = round(wall, 1)
                 row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
+                if spec_metrics_url:
+                    now = spec_counters(spec_metrics_url)
+                    row.update(acceptance(counters, now))
+                    counters = now
                 rows.append(row)
                 if partial is not None:
                     partial.write_text(json.dumps({"meta": meta, "runs": rows, "partial": True},
@@ -236,6 +247,56 @@ def run(
 
 class BenchError(Exception):
     pass
+
+
+def spec_counters(url: str) -> dict[str, float] | None:
+    """vLLM's speculative-decoding counters from URL/metrics; None when it has none (no
+    speculation, or /metrics not reachable)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            return parse_spec_counters(resp.read().decode())
+    except OSError:
+        return None
+
+
+def parse_spec_counters(text: str) -> dict[str, float] | None:
+    """The vllm:spec_decode_num_* counters of a Prometheus text page, summed over label sets
+    (per position kept apart as NAME[i])."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:spec_decode_num"):
+            continue
+        name_labels, _, val = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        if not name.endswith("_total"):  # prometheus_client also writes *_created timestamps
+            continue
+        m = re.search(r'position="(\d+)"', name_labels)
+        key = f"{name}[{m.group(1)}]" if m else name
+        out[key] = out.get(key, 0.0) + float(val)
+    return out or None
+
+
+def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
+               ) -> dict[str, Any]:
+    """Acceptance length (1 + accepted / drafts: the bonus token counts) and the rate at which
+    draft tokens were accepted, over the requests between two counter readings."""
+    if not after:
+        return {}
+    b = before or {}
+
+    def d(k: str) -> float:
+        return after.get(k, 0.0) - b.get(k, 0.0)
+    drafts = d("vllm:spec_decode_num_drafts_total")
+    tokens = d("vllm:spec_decode_num_draft_tokens_total")
+    acc = d("vllm:spec_decode_num_accepted_tokens_total")
+    if drafts <= 0:
+        return {}
+    per_pos = [round(d(k) / drafts, 3) for k in sorted(
+        (k for k in after if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos")),
+        key=lambda k: int(k.rsplit("[", 1)[1].rstrip("]")))]
+    return {"acceptance_length": round(1 + acc / drafts, 3),
+            "draft_acceptance_rate": round(acc / tokens, 3) if tokens else None,
+            "acceptance_per_position": per_pos}
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:

