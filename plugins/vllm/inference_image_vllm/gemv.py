@@ -59,8 +59,11 @@ def _fp8_gemv_kernel(
 
 def supports(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> bool:
     m, n = a.shape[0], b.shape[1]
+    # The kernel indexes a per-token or per-channel scale as a dense vector: a strided view (a
+    # column of a wider tensor) read that way gave a relative error of 0.37.
     return (m <= GEMV_MAX_M and a.stride(1) == 1 and b.stride(0) == 1
-            and scale_a.numel() in (1, m) and scale_b.numel() in (1, n))
+            and scale_a.numel() in (1, m) and scale_b.numel() in (1, n)
+            and scale_a.is_contiguous() and scale_b.is_contiguous())
 
 
 def fp8_gemv(

@@ -28,7 +28,23 @@ def _fp8_mm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     kern = dispatch.table().kernel(a.shape[0], b.shape[1], b.shape[0])
-    return dispatch.run(kern, a, b, scale_a, scale_b, bias, out_dtype)
+    if kern == "cutlass":
+        return dispatch.run(kern, a, b, scale_a, scale_b, bias, out_dtype)
+    try:
+        return dispatch.run(kern, a, b, scale_a, scale_b, bias, out_dtype)
+    except Exception:  # a Triton compile or launch failure must cost a GEMM, not the engine
+        _warn_once(kern, a.shape[0], b.shape[1], b.shape[0])
+        return dispatch.run("cutlass", a, b, scale_a, scale_b, bias, out_dtype)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(kern: str, m: int, n: int, k: int) -> None:
+    if kern not in _warned:
+        _warned.add(kern)
+        logger.warning("inference-image FP8 dispatch: %s failed at %dx%dx%d; Cutlass serves "
+                       "this kernel's batches from now on", kern, m, n, k, exc_info=True)
 
 
 def _fp8_mm_fake(
@@ -84,6 +100,9 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    # The table first: a missing or malformed one stops the install here (the caller logs that
+    # vLLM's kernels serve), before any GEMM could reach it.
+    t = dispatch.table()
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
     from vllm.utils.torch_utils import direct_register_custom_op
@@ -93,7 +112,6 @@ def install() -> None:
     if InferenceImageFP8ScaledMMLinearKernel not in kernels:
         kernels.insert(0, InferenceImageFP8ScaledMMLinearKernel)
     _installed = True
-    t = dispatch.table()
     logger.info(
         "inference-image FP8 dispatch installed (table: %s, measured on %s)", t.source, t.device or "-"
     )
