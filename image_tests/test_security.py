@@ -36,6 +36,20 @@ def test_key_required(root: Any, profile: dict[str, Any], method: str, path: str
         "a wrong key accepted"
 
 
+# Routes of vllm-router and vLLM that are not OpenAI's: even the key does not reach them from
+# outside (they clear caches, list workers, show internals).
+INTERNAL = [("GET", "/workers"), ("POST", "/flush_cache"), ("GET", "/metrics"), ("POST", "/tokenize"),
+            ("GET", "/get_server_info"), ("GET", "/list_workers"), ("POST", "/v1/load_lora_adapter")]
+
+
+@pytest.mark.parametrize(("method", "path"), INTERNAL, ids=[f"{m} {p}" for m, p in INTERNAL])
+def test_internal_routes_not_public_even_with_the_key(root: Any, profile: dict[str, Any],
+                                                      api_key: HostKey, method: str, path: str) -> None:
+    body = "{}" if method == "POST" else None
+    assert http(root, profile["router"]["port"], path, key=api_key, method=method,
+                body=body).status == 404
+
+
 def test_health_needs_no_key(root: Any, profile: dict[str, Any]) -> None:
     assert http(root, profile["router"]["port"], "/health").status == 200
 

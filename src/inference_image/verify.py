@@ -189,8 +189,13 @@ def summarize(junit: Path) -> tuple[str, bool]:
               reasons.get(s, "") if counts[s]["skipped"] else ""] for s in order]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    ok = not failures and sum(c["passed"] for c in counts.values()) > 0
-    return "\n".join(lines + (["", "failures:", *failures] if failures else [])), ok
+    # A suite that passed nothing proved nothing: it fails the run, whatever its skips say.
+    empty = [f"  {s}: nothing passed ({counts[s]['skipped']} skipped: {reasons.get(s, '')})"
+             for s in order if counts[s]["passed"] == 0 and not counts[s]["failed"]]
+    ok = not failures and not empty and bool(counts)
+    extra = (["", "failures:", *failures] if failures else []) + (
+        ["", "suites that passed nothing:", *empty] if empty else [])
+    return "\n".join(lines + extra), ok
 
 
 def preflight_until(t: Target, identity: str | None, seconds: int, interval: float = 10.0) -> str:
@@ -203,10 +208,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         pdir = Path(args.profiles_dir) if args.profiles_dir else default_profiles_dir()
         try:
-            resolve(args.profile, pdir)
+            r = resolve(args.profile, pdir)
         except ProfileErrors as exc:
             raise VerifyError(str(exc.errors[0])) from None
-        suites = args.suite or ["smoke", "security", "hygiene", "gpu"]
+        # gpu only where the tier has one: on cpu every gpu test skips, and a suite that passes
+        # nothing fails the run.
+        suites = args.suite or ["smoke", "security", "hygiene"] + (
+            ["gpu"] if r.profile.hardware.gpu_count else [])
         bad = [s for s in suites if s not in SUITES]
         if bad:
             raise VerifyError(f"--suite {bad[0]}: no such suite (have: {', '.join(SUITES)})")
