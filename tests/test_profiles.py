@@ -147,9 +147,9 @@ def test_missing_required_field(pdir):
 
 
 def test_speculative_draft_rules(pdir):
-    edit(pdir / "h100.yaml", "    draft: llama-3.2-1b-instruct\n", "")
+    edit(pdir / "h100.yaml", "    draft: llama-3.1-8b-eagle3\n", "")
     (err,) = errors_of("h100", pdir)
-    assert "model.speculative.draft: method draft_model needs a draft model" in err
+    assert "model.speculative.draft: method eagle3 needs a draft model" in err
 
 
 def test_overrides_are_validated_like_the_file():

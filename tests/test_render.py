@@ -75,7 +75,7 @@ def test_h100_instance_flags(tmp_path):
     xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
     assert xv["models_list"][0]["hub_id"] == "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8"
     spec = json.loads(args[args.index("--speculative-config") + 1])
-    assert spec == {"method": "draft_model", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
+    assert spec == {"method": "eagle3", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert "INFERENCE_IMAGE_FP8_DISPATCH=1\n" in env  # serving.fp8_gemm_dispatch: the plugin's switch
@@ -115,7 +115,7 @@ def test_runner_expands_variables_and_caller_environment_wins(tmp_path):
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.strip()
     assert cmd.startswith("python3 -m vllm.entrypoints.openai.api_server --model /tmp/model ")
-    assert "/var/lib/inference-image/models/llama-3.2-1b-instruct" in cmd  # DRAFT_PATH from .env
+    assert "/var/lib/inference-image/models/llama-3.1-8b-eagle3" in cmd  # DRAFT_PATH from .env
     assert cmd.endswith("--load-format dummy --port 9")
 
 

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 e5f12a292b86229059cafa8cbf3c24f9bca865b65dd94338a3d5c99e09548cf5): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 1754f4714d5ae14bb8b66e655333806c467911134f3d6d135a2fb32a2a684230): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "e5f12a292b86229059cafa8cbf3c24f9bca865b65dd94338a3d5c99e09548cf5"
+profile_sha256 = "1754f4714d5ae14bb8b66e655333806c467911134f3d6d135a2fb32a2a684230"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

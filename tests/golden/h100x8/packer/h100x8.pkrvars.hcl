@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 d718bb2599a262c4965cf99735e5df99601df56454b6c3b02c3db3a0194ba7b3): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 752e88b0319594a81d3f9dc7e87b3554eafb829e9f6d652d75498de2472f1a7e): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "d718bb2599a262c4965cf99735e5df99601df56454b6c3b02c3db3a0194ba7b3"
+profile_sha256 = "752e88b0319594a81d3f9dc7e87b3554eafb829e9f6d652d75498de2472f1a7e"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
