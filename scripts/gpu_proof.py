@@ -14,16 +14,13 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import shutil
 import statistics
 import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-DRAFT_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-            "tie_word_embeddings": True}
+from inference_image.proof import make_models  # scripts/gpu-proof puts src/ on PYTHONPATH
 
 
 def _ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -38,26 +35,11 @@ def _ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
 
 # The "-FP8-dynamic" scheme: per-channel static weight scales, per-token dynamic activations.
 CT_FP8 = _ct_fp8("channel", "token", dynamic=True)
-# The "FP8" scheme (the catalog's 8B checkpoint): per-tensor static weights and activations
-# (input_scale tensors in the checkpoint), so quantizing an activation needs no reduction.
-CT_FP8_STATIC = _ct_fp8("tensor", "tensor", dynamic=False)
-
-
-def _variant(src: Path, dst: Path, change: dict[str, Any]) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(change)
-    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
 def prep_models(src: str) -> None:
-    s = Path(src)
-    _variant(s, Path(f"{src}-draft"), DRAFT_1B)
-    _variant(s, Path(f"{src}-fp8ct"), {"quantization_config": CT_FP8})
-    _variant(s, Path(f"{src}-fp8static"), {"quantization_config": CT_FP8_STATIC})
-    print(f"made {src}-draft (1B shapes), {src}-fp8ct and {src}-fp8static (compressed-tensors FP8)")
+    made = make_models(Path(src), {"fp8ct": {"quantization_config": CT_FP8}})
+    print(f"made {', '.join(made.values())} (config + tokenizer of {src})")
 
 
 def _time_ms(fn: Any, reps: int = 30) -> float:
@@ -291,7 +273,6 @@ def _compare_greedy(a: Any, b: Any) -> dict[str, Any]:
 
 
 def assemble(d: str, out: str) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from inference_image.memory import decode_bytes_per_token
     from inference_image.profiles import resolve
 

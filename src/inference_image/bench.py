@@ -22,10 +22,12 @@ import urllib.request
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, resolve
 from .vllm_bench_batch import MARK
+
+Num = TypeVar("Num", int, float)
 
 
 @dataclass(frozen=True)
@@ -372,14 +374,19 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _ints(s: str) -> list[int]:
+def comma_list(s: str, kind: type[Num], rule: str) -> list[Num]:
+    """An argparse type: comma-separated numbers of `kind`, each >= 1 (`rule` says why)."""
     try:
-        vals = [int(x) for x in s.split(",") if x]
+        vals = [kind(x) for x in s.split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated integers") from None
+        raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated {kind.__name__}s") from None
     if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"{s!r}: concurrencies are integers >= 1")
+        raise argparse.ArgumentTypeError(f"{s!r}: {rule}")
     return vals
+
+
+def _ints(s: str) -> list[int]:
+    return comma_list(s, int, "concurrencies are integers >= 1")
 
 
 def _count(s: str) -> int:

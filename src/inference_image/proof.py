@@ -223,11 +223,13 @@ def bandwidth() -> dict[str, Any]:
             "read_bw_tbs": round(nbytes / statistics.median(times) / 1e9, 3)}
 
 
-def make_models(base: Path) -> dict[str, str]:
-    """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer)."""
+def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
+    """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer),
+    and BASE-suffix for each config change in `more`."""
     made = {}
-    for suffix, change in (("draft", DRAFT_1B), ("eagle3", EAGLE3_8B),
-                           ("fp8static", {"quantization_config": _ct_fp8_static()})):
+    variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B,
+                "fp8static": {"quantization_config": _ct_fp8_static()}, **(more or {})}
+    for suffix, change in variants.items():
         dst = base.with_name(f"{base.name}-{suffix}")
         if dst.exists():
             shutil.rmtree(dst)
@@ -492,14 +494,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
 # ---- command line -----------------------------------------------------------------------------
 
 def _floats(s: str) -> list[float]:
-    try:
-        vals = [float(x) for x in s.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated numbers") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"{s!r}: an acceptance length is >= 1 (1 = no draft "
-                                         "token accepted)")
-    return vals
+    return bench.comma_list(s, float, "an acceptance length is >= 1 (1 = no draft token accepted)")
 
 
 def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
