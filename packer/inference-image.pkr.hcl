@@ -87,13 +87,16 @@ build {
     expect_disconnect = true
   }
 
-  # Validation after the reboot: the image_tests suites over SSH.
+  # Validation after the reboot: the image_tests suites over SSH. A build on the tier's own machine
+  # proves the image as it serves: the throughput suite runs the profile's target scenario (draft
+  # included) and fails the build below the profile's targets. A build without the GPU checks what
+  # it can: smoke, and the driver packages and holds (a suite that passes nothing fails verify).
   provisioner "shell-local" {
     pause_before = "20s"
     inline = [
       var.serve_during_build
-      ? "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --suite security"
-      : "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --no-serving",
+      ? "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --suite security --suite throughput${var.tier == "cpu" ? "" : " --suite gpu"}"
+      : "${local.verify} --host ${build.Host}:${build.Port} --suite smoke${var.tier == "cpu" ? "" : " --suite gpu"} --no-serving",
     ]
   }
 
