@@ -3,7 +3,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, edit
+
+from inference_image import cli as ii_cli
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,3 +49,22 @@ def test_render_writes_files(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "etc/systemd/system/vllm@.service" in r.stdout
     assert (tmp_path / "cpu/packer/cpu.pkrvars.hcl").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["render", "--profile", "cpu", "--out", "{file}"],
+    ["bench", "run", "--url", "http://127.0.0.1:9", "--model", "m", "--out", "{dir}",
+     "--vllm-cmd", "/nonexistent/vllm"],
+    ["bench", "run", "--url", "http://127.0.0.1:9", "--model", "m", "--out", "{file}",
+     "--vllm-python", sys.executable],
+    ["proof", "step", "assemble", "--out", "{file}"],
+])
+def test_bad_paths_are_one_line_not_a_traceback(argv, tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    args = [a.format(file=f, dir=tmp_path / "out") for a in argv]
+    assert ii_cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Errno" not in err
+    assert len(err.strip().splitlines()) == 1 and "Fix:" in err, err
+    assert "[" not in err.split("error:")[0]  # no progress bar before the error

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -430,11 +431,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: --model is required without --profile. Fix: pass --model SERVED_NAME",
               file=sys.stderr)
         return 1
+    # Before the first run, not as an errno after a progress bar.
+    exe = args.vllm_python or shlex.split(args.vllm_cmd)[0]
+    if not shutil.which(exe):
+        how = ("--vllm-python names" if args.vllm_python else "--vllm-cmd starts with")
+        print(f"error: {how} {exe!r}, which is not an executable here. Fix: install vLLM "
+              "(pip install vllm) or pass --vllm-python PYTHON, the Python of the venv vLLM is "
+              "installed in", file=sys.stderr)
+        return 1
     key = _api_key(args)
     if key:
         os.environ["OPENAI_API_KEY"] = key  # what `vllm bench serve` sends as a Bearer token
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: --out {args.out}: {exc.strerror}. Fix: pass a directory path",
+              file=sys.stderr)
+        return 1
     (out / f"{args.label}.json").unlink(missing_ok=True)  # no stale result beside a cut-off run
     try:
         result = run(url=args.url.rstrip("/"), model=model, tokenizer=args.tokenizer,

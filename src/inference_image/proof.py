@@ -498,8 +498,20 @@ def _floats(s: str) -> list[float]:
 
 
 def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
+    for flag, path in (("--out", Path(args.out)), ("--work", Path(args.work))):
+        if path.exists() and not path.is_dir():
+            raise ProofError(f"{flag} {path} is a file. Fix: pass a directory path")
     return Runner(plan=plan, out=Path(args.out), work=Path(args.work),
                   model_dir=Path(args.model_dir), python=args.python)
+
+
+def _start(args: argparse.Namespace, plan: Plan) -> int:
+    try:
+        _runner(args, plan).run()
+    except ProofError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -529,8 +541,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{', '.join(s.name() for s in plan.steps)})", file=sys.stderr)
             return 1
         plan.steps = [s for s in plan.steps if s.name() in want]
-    _runner(args, plan).run()
-    return 0
+    return _start(args, plan)
 
 
 def cmd_step(args: argparse.Namespace) -> int:
@@ -538,8 +549,7 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_length=args.acceptance_length,
                 concurrency=tuple(args.step_concurrency or ()))
     plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step])
-    _runner(args, plan).run()
-    return 0
+    return _start(args, plan)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -290,6 +290,9 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
 def render(r: Resolved, out_dir: Path) -> list[str]:
     """Write every file under out_dir. Returns the relative paths written."""
     out_dir = out_dir.resolve()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RenderError(f"{out_dir} is a file, not a directory. Fix: pass a new or empty "
+                          "directory as --out")
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
         raise RenderError(f"{out_dir} exists and is not a render output; refusing to overwrite it. "
                           "Fix: pass an empty or new --out directory")
