@@ -28,6 +28,14 @@ def test_units_enabled_and_active(root: Any, profile: dict[str, Any], request: p
     assert not bad, "; ".join(bad)
 
 
+def test_every_unit_on_the_request_path_restarts(root: Any, profile: dict[str, Any]) -> None:
+    """nginx, the router and each instance come back by themselves, whatever ended them (vLLM can
+    exit 0 when its engine dies; Debian's nginx unit does not restart at all)."""
+    policy = {u: root.run(f"systemctl show -p Restart --value {u}").stdout.strip()
+              for u in units(profile) if u != "inference.target"}
+    assert all(p == "always" for p in policy.values()), policy
+
+
 @pytest.mark.serving
 def test_every_instance_healthy(root: Any, profile: dict[str, Any]) -> None:
     for inst in profile["instances"]:

@@ -193,6 +193,11 @@ def test_instances_restart_whatever_their_exit_code(h100: Path) -> None:
     assert re.search(r"^StartLimitIntervalSec=0$", unit, re.M)
 
 
+def test_nginx_the_public_entry_point_restarts_too(h100: Path) -> None:
+    dropin = (h100 / "etc/systemd/system/nginx.service.d/inference-image.conf").read_text()
+    assert re.search(r"^Restart=always$", dropin, re.M)
+
+
 # ---- 9. a suite that passed nothing fails --------------------------------------------------------
 
 def _junit(tmp_path: Path, cases: str) -> Path:

@@ -274,6 +274,8 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     for name in ("vllm@.service", "vllm-router.service", "inference.target",
                  "inference-firstboot.service"):
         tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
+    tpl("etc/systemd/system/nginx.service.d/inference-image.conf.j2",
+        "etc/systemd/system/nginx.service.d/inference-image.conf")
     tpl("etc/cloud/cloud.cfg.d/90-inference-image.cfg.j2",
         "etc/cloud/cloud.cfg.d/90-inference-image.cfg")
     tpl("etc/nginx/conf.d/inference-image.conf.j2", "etc/nginx/conf.d/inference-image.conf")
