@@ -127,7 +127,7 @@ else
 endif
 
 validate: setup ## packer validate, every tier x builder, with a placeholder token
-	@set -e; for t in $$($(BIN)/inference-image profiles | awk 'NR>2 {print $$1}'); do \
+	@set -e; for t in $$($(BIN)/inference-image profiles --names); do \
 	  $(MAKE) -s image-inputs GPU=$$t BUILDER=digitalocean >/dev/null; \
 	  for b in digitalocean qemu; do \
 	    only=$(PACKER_ONLY_digitalocean); [ $$b = qemu ] && only=$(PACKER_ONLY_qemu); \

@@ -7,6 +7,7 @@ import pytest
 from conftest import ROOT, edit
 
 from inference_image import cli as ii_cli
+from inference_image.profiles import resolve
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,3 +69,25 @@ def test_bad_paths_are_one_line_not_a_traceback(argv, tmp_path, capsys):
     assert "Traceback" not in err and "Errno" not in err
     assert len(err.strip().splitlines()) == 1 and "Fix:" in err, err
     assert "[" not in err.split("error:")[0]  # no progress bar before the error
+
+
+def test_readme_tiers_table_matches_the_profiles():
+    """The README's table is typed by hand: every row must say what `inference-image profiles`
+    says for the columns both have."""
+    rows = {ln.split()[0]: ln.split() for ln in cli("profiles").stdout.splitlines()[2:]}
+    names = cli("profiles", "--names").stdout.split()
+    assert names == sorted(rows)
+    readme = (ROOT / "README.md").read_text()
+    table = [ln for ln in readme.splitlines() if ln.startswith("| ") and ln.split("|")[1].strip() in rows]
+    assert sorted(ln.split("|")[1].strip() for ln in table) == names
+    for ln in table:
+        cells = [c.strip() for c in ln.split("|")[1:-1]]
+        tier, size, fa3, fp8, spec, layout = cells[0], cells[2], cells[3], cells[4], cells[7], cells[8]
+        r = resolve(tier, ROOT / "profiles")
+        assert size == r.profile.digitalocean.size, tier
+        assert (fa3, fp8) == ("yes" if r.fa3_available else "no", "yes" if r.fp8_available else "no"), tier
+        method = r.profile.model.speculative.method
+        shown = {"eagle3": "eagle-3", "draft_model": "draft"}.get(method, method)
+        assert spec.lower().startswith(shown), tier
+        p = r.profile.serving
+        assert layout == f"{p.instances} x {p.tensor_parallel_size}", tier

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, edit
 
-from inference_image.profiles import resolve
+from inference_image.profiles import list_tiers, resolve
 from inference_image.render import RenderError, render
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -20,7 +20,7 @@ def tree(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("tier", ["cpu", "h100", "h100x8"])
+@pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
 def test_render_matches_golden(tier, tmp_path):
     """Golden files: regenerate with `make golden` after an intended change, and review the diff."""
     out = tmp_path / tier

@@ -37,6 +37,15 @@ def _fail(errors: Sequence[ProfileError | str]) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    if args.names:  # for scripts (the Makefile's validate): one valid tier a line
+        errors: list[ProfileError] = []
+        for tier in list_tiers(_pdir(args)):
+            try:
+                resolve(tier, _pdir(args))
+                print(tier)
+            except ProfileErrors as exc:
+                errors += exc.errors
+        return _fail(errors) if errors else 0
     rows = [["TIER", "GPU", "GPUS", "GIB/GPU", "DO SIZE", "$/GPU-HR", "FA3", "FP8", "MODEL",
              "WEIGHTS", "SPEC", "INSTANCES x TP"]]
     errors: list[ProfileError] = []
@@ -110,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     sp = sub.add_parser("profiles", help="table of GPU tiers")
+    sp.add_argument("--names", action="store_true", help="only the tier names, one a line")
     sp.set_defaults(func=cmd_profiles)
 
     sp = sub.add_parser("validate", help="check profiles (all by default)")

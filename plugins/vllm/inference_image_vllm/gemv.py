@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import GEMV_MAX_M, parse_gemv
+from .kernels import GEMV_MAX_M, parse_gemv
 
 
 @triton.jit

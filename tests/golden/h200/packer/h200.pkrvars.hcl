@@ -1,0 +1,10 @@
+# Rendered from profiles/h200.yaml (profile sha256 eef397dfd5f9e78b892130e9ea63ea20dece0d68d6374dae8e630bd72807ee3b): pass with -var-file.
+tier           = "h200"
+profile_sha256 = "eef397dfd5f9e78b892130e9ea63ea20dece0d68d6374dae8e630bd72807ee3b"
+do_size        = "gpu-h200x1-141gb"
+do_build_size  = "s-4vcpu-8gb"
+do_region      = "tor1"
+do_base_image  = "ubuntu-24-04-x64"
+vllm_version   = "0.26.0"
+# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+serve_during_build = false

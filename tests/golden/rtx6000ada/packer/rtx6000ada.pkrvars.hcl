@@ -1,0 +1,10 @@
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 524a9d6e75676c2f804816b09a445764abd4fa7ab517a911792250f07c5c06c2): pass with -var-file.
+tier           = "rtx6000ada"
+profile_sha256 = "524a9d6e75676c2f804816b09a445764abd4fa7ab517a911792250f07c5c06c2"
+do_size        = "gpu-6000adax1-48gb"
+do_build_size  = "s-4vcpu-8gb"
+do_region      = "tor1"
+do_base_image  = "ubuntu-24-04-x64"
+vllm_version   = "0.26.0"
+# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+serve_during_build = false
