@@ -73,7 +73,8 @@ def test_public_port_reachable_from_outside(profile: dict[str, Any], outside_add
 def test_internal_ports_unreachable_from_outside(profile: dict[str, Any], outside_address: str) -> None:
     _behind_nat(outside_address)
     internal = [i["port"] for i in profile["instances"]]
-    internal += [profile["router"]["internal_port"], profile["router"]["metrics_port"], 9100]
+    internal += [profile["router"]["internal_port"], profile["router"]["metrics_port"],
+                 profile["limits"]["node_exporter_port"]]
     open_ = [p for p in internal if tcp_open(outside_address, p, timeout=2)]
     assert not open_, f"reachable from outside on {outside_address}: {open_}"
 

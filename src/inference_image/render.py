@@ -33,6 +33,9 @@ PATHS = {
     "firstboot": "/usr/local/sbin/inference-firstboot",
 }
 SERVICE_USER = "inference"
+# Numbers the units, the router, the roles and the tests share, written here only: how long an
+# instance may take to start (cold compile), open files per service, node exporter's port.
+LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100}
 
 
 class RenderError(Exception):
@@ -151,7 +154,7 @@ def router_argv(r: Resolved) -> list[str]:
     argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt.metrics_port),
              "--health-check-endpoint", "/health",
              "--health-check-interval-secs", str(rt.health_check_interval_secs),
-             "--worker-startup-timeout-secs", "1800",
+             "--worker-startup-timeout-secs", str(LIMITS["start_timeout_s"]),
              "--log-level", "info"]
     return argv
 
@@ -203,6 +206,7 @@ def profile_document(r: Resolved) -> dict[str, Any]:
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
         "service_user": SERVICE_USER,
+        "limits": LIMITS,
     }
 
 
@@ -229,6 +233,9 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "vllm_router_version": v.vllm_router,
         "models_list": models_list(r),
         "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
+        "base_nofile_limit": LIMITS["nofile"],
+        "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
+        "observability_node_exporter_listen": f"127.0.0.1:{LIMITS['node_exporter_port']}",
     }
 
 
@@ -261,7 +268,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
-           "digest": r.digest, "listen": listen_address(r)}
+           "digest": r.digest, "listen": listen_address(r), "limits": LIMITS}
     out: dict[str, tuple[str, int]] = {}
 
     def tpl(src: str, dst: str, mode: int = 0o644, **extra: Any) -> None:
