@@ -128,7 +128,8 @@ class Serving(Strict):
 
 class Router(Strict):
     port: Port = Field(8000, description="the public API port (nginx checks the API key there)")
-    bind: IPvAnyAddress = Field("0.0.0.0", description="address nginx listens on (IPv4 or IPv6)")
+    bind: IPvAnyAddress = Field("0.0.0.0", validate_default=True,
+                                description="address nginx listens on (IPv4 or IPv6)")
     internal_port: Port = Field(8001, description="vllm-router's own port, on 127.0.0.1 behind nginx")
     policy: Literal[
         "cache_aware", "round_robin", "power_of_two", "random", "consistent_hash"
