@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from inference_image.proof import make_models  # scripts/gpu-proof puts src/ on PYTHONPATH
+from inference_image import proof  # scripts/gpu-proof puts src/ on PYTHONPATH
+from inference_image.proof import PROMPTS, make_models
 
 
 def _ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -145,11 +146,6 @@ def gemm(out: str) -> None:
         print(json.dumps(r))
 
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
-           "The quick brown fox", "for i in range(10):", "# Parse the config file\n",
-           "return sorted(items, key=", "with open(path) as fh:"]
-
-
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -158,12 +154,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def greedy(url: str, model: str, out: str) -> None:
-    res = []
-    for p in PROMPTS:  # one at a time: batch shape stays the same in both runs
-        d = _post(f"{url}/v1/completions", {"model": model, "prompt": p, "max_tokens": 64,
-                                            "temperature": 0, "ignore_eos": True})
-        ch = d["choices"][0]
-        res.append({"prompt": p, "text": ch["text"], "token_ids": ch.get("token_ids")})
+    res = proof.greedy(url, model)
     Path(out).write_text(json.dumps(res, indent=1))
     print(f"greedy: {len(res)} completions -> {out}")
 
