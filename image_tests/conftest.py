@@ -36,7 +36,7 @@ class Http:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "suite(name): smoke, gpu, hygiene, security, throughput")
+    config.addinivalue_line("markers", "suite(name): smoke, gpu, hygiene, security, throughput, faults")
     config.addinivalue_line("markers", "serving: needs the stack running, or the GPU itself")
 
 

@@ -185,6 +185,15 @@ def test_public_port_passes_only_openai_routes(h100: Path) -> None:
     assert "return 404" in catch_all and "proxy_pass" not in catch_all
 
 
+def test_router_restart_falls_back_to_the_instances(h100: Path) -> None:
+    conf = (h100 / "etc/nginx/conf.d/inference-image.conf").read_text()
+    upstream = conf[conf.index("upstream inference_router {"):]
+    upstream = upstream[:upstream.index("}")]
+    assert "server 127.0.0.1:8001 max_fails=0;" in upstream
+    assert "server 127.0.0.1:8100 backup max_fails=0;" in upstream
+    assert "proxy_next_upstream error timeout http_502 http_503 non_idempotent;" in conf
+
+
 # ---- 7. a dead engine comes back -----------------------------------------------------------------
 
 def test_instances_restart_whatever_their_exit_code(h100: Path) -> None:

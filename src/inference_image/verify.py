@@ -26,7 +26,7 @@ from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
 
 T = TypeVar("T")
 
-SUITES = ("smoke", "security", "hygiene", "gpu", "throughput")
+SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults")
 PROFILE_JSON = "/etc/inference-image/profile.json"
 
 
