@@ -21,21 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from inference_image import proof  # scripts/gpu-proof puts src/ on PYTHONPATH
-from inference_image.proof import PROMPTS, make_models
-
-
-def _ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
-    """A compressed-tensors FP8 quantization_config (what llm-compressor writes)."""
-    def q(strategy: str, dyn: bool) -> dict[str, Any]:
-        return {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": dyn, "symmetric": True}
-    return {"quant_method": "compressed-tensors", "format": "float-quantized",
-            "quantization_status": "compressed", "ignore": ["lm_head"],
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": q(weights, False),
-                                          "input_activations": q(activations, dynamic)}}}
-
+from inference_image.bench import spec_counters
+from inference_image.proof import PROMPTS, ct_fp8, make_models
 
 # The "-FP8-dynamic" scheme: per-channel static weight scales, per-token dynamic activations.
-CT_FP8 = _ct_fp8("channel", "token", dynamic=True)
+CT_FP8 = ct_fp8("channel", "token", dynamic=True)
 
 
 def prep_models(src: str) -> None:
@@ -160,13 +150,7 @@ def greedy(url: str, model: str, out: str) -> None:
 
 
 def metrics(url: str, out: str) -> None:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    keep = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:spec_decode") and not line.startswith("#"):
-            name, _, val = line.rpartition(" ")
-            keep[name] = float(val)
+    keep = spec_counters(url) or {}
     Path(out).write_text(json.dumps(keep, indent=1, sort_keys=True))
     print(json.dumps(keep, sort_keys=True))
 

@@ -50,14 +50,17 @@ EAGLE3_8B = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1
              "draft_vocab_size": 32000, "max_position_embeddings": 131072}
 
 
-def _ct_fp8_static() -> dict[str, Any]:
-    """compressed-tensors FP8 with per-tensor static weight and activation scales: the scheme of
-    the catalog's FP8 checkpoint of the 8B model."""
-    q = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+def ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
+    """A compressed-tensors FP8 quantization_config (what llm-compressor writes). The catalog's FP8
+    checkpoint of the 8B model is ("tensor", "tensor", static): no reduction to quantize an
+    activation."""
+    def q(strategy: str, dyn: bool) -> dict[str, Any]:
+        return {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": dyn,
+                "symmetric": True}
     return {"quant_method": "compressed-tensors", "format": "float-quantized",
             "quantization_status": "compressed", "ignore": ["lm_head"],
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": q,
-                                          "input_activations": q}}}
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": q(weights, False),
+                                          "input_activations": q(activations, dynamic)}}}
 
 
 @dataclass(frozen=True)
@@ -227,8 +230,9 @@ def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> di
     """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer),
     and BASE-suffix for each config change in `more`."""
     made = {}
-    variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B,
-                "fp8static": {"quantization_config": _ct_fp8_static()}, **(more or {})}
+    static = ct_fp8("tensor", "tensor", dynamic=False)
+    variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B, "fp8static": {"quantization_config": static},
+                **(more or {})}
     for suffix, change in variants.items():
         dst = base.with_name(f"{base.name}-{suffix}")
         if dst.exists():
