@@ -27,7 +27,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from . import bench
 from .bench import acceptance, spec_counters
@@ -36,9 +36,9 @@ from .profiles import ProfileErrors, Resolved, project_root, resolve
 from .render import render
 
 StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "assemble"]
-KINDS: tuple[str, ...] = ("info", "bandwidth", "models", "vanilla", "profile", "assemble")
+KINDS: tuple[str, ...] = get_args(StepKind)
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
-CHAT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
 
 # Weightless stand-ins made from the one target folder (config + tokenizer) by the models step.
 # The draft has Llama-3.2-1B's shapes; the EAGLE-3 head has the published Llama-3.1-8B head's
