@@ -506,9 +506,6 @@ def _check(
             err("serving.gpu_ids", "a GPU is given to two instances", "use each GPU id once")
         if any(g < 0 or g >= hw.gpu_count for g in flat):
             err("serving.gpu_ids", f"ids must be 0..{hw.gpu_count - 1}", "use existing GPU ids")
-    if s.ports is None and s.base_port + s.instances - 1 > 65535:
-        err("serving.base_port", f"instances {s.instances} from port {s.base_port} end at "
-            f"{s.base_port + s.instances - 1}, past 65535", f"set at most {65536 - s.instances}")
     for i, arg in enumerate(s.extra_args):
         flag = arg.split("=", 1)[0]
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in arg):
@@ -531,6 +528,9 @@ def _check(
 
     ports: dict[int, str] = {}
     inst_ports = s.ports or [s.base_port + i for i in range(s.instances)]
+    if max(inst_ports) > 65535:  # only base_port + index can pass the end: ports are typed
+        err("serving.base_port", f"instances {s.instances} from port {s.base_port} end at "
+            f"{max(inst_ports)}, past 65535", f"set at most {65536 - s.instances}")
     named = [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
     named += [("router.port", p.router.port), ("router.internal_port", p.router.internal_port),
               ("router.metrics_port", p.router.metrics_port)]
