@@ -43,7 +43,7 @@ done
 sleep {KILL_AFTER_S}
 t0=$(date +%s%N)
 systemctl kill -s KILL {shlex.quote(unit)}
-until [ "$(curl -s -o /dev/null -w '%{{http_code}}' -m 5 -H "Authorization: Bearer $key" \\
+until [ "$(curl -s -o /dev/null -w '%{{http_code}}' -m 1 -H "Authorization: Bearer $key" \\
       {url}/v1/models)" = 200 ]; do sleep 0.1; done
 t1=$(date +%s%N)
 wait
