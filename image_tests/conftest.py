@@ -85,11 +85,44 @@ def api_key(root: Any, profile: dict[str, Any]) -> HostKey:
     return HostKey(path)
 
 
-def http(root: Any, port: int, path: str, key: str | HostKey | None = None, method: str = "GET",
-         body: Any = None, timeout: int = 120, host: str = "127.0.0.1") -> Http:
-    """A request made on the host itself with curl (the instances listen on its loopback)."""
-    cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}", "-X", method,
-           f"http://{host}:{port}{path}"]
+@dataclass(frozen=True)
+class Public:
+    """The public port as a client on the machine reaches it: how first boot set it up
+    (endpoint.json: TLS with this machine's certificate, or plain HTTP where asked)."""
+
+    port: int
+    tls: bool
+    cacert: str
+
+    def url(self, path: str = "", host: str = "127.0.0.1") -> str:
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}{path}"
+
+    @property
+    def curl(self) -> str:
+        """curl's options to check the machine's certificate (no -k anywhere)."""
+        return f"--cacert {shlex.quote(self.cacert)}" if self.tls else ""
+
+
+@pytest.fixture(scope="module")
+def public(root: Any, profile: dict[str, Any]) -> Public:
+    path = profile["paths"]["endpoint"]
+    f = root.file(path)
+    assert f.exists, f"no {path}: inference-firstboot writes it when it makes the certificate"
+    doc = json.loads(f.content_string)
+    return Public(profile["router"]["port"], doc["tls"] != "off", doc["tls_cert"])
+
+
+def http(root: Any, port: int | Public, path: str, key: str | HostKey | None = None,
+         method: str = "GET", body: Any = None, timeout: int = 120, host: str = "127.0.0.1") -> Http:
+    """A request made on the host itself with curl: to a loopback port (an instance, the router)
+    in plain HTTP, or to the public port as first boot set it up."""
+    url = port.url(path, host) if isinstance(port, Public) else f"http://{host}:{port}{path}"
+    cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}", "-X", method, url]
+    if isinstance(port, Public) and port.tls:
+        cmd += ["--cacert", port.cacert]
+        if host != "127.0.0.1":  # the certificate names the machine's first-boot addresses
+            cmd += ["--resolve", f"localhost:{port.port}:{host}"]
+            cmd[cmd.index(url)] = port.url(path, "localhost")
     if body is not None:
         cmd += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
     line = shlex.join(cmd)
@@ -137,3 +170,44 @@ def wait_for(fn: Any, timeout: float, every: float = 2.0) -> Any:
         if v or time.monotonic() > end:
             return v
         time.sleep(every)
+
+
+def served_per_instance(root: Any, profile: dict[str, Any]) -> dict[str, float]:
+    """Requests each instance has completed, from its own vLLM counter (loopback port)."""
+    out = {}
+    for inst in profile["instances"]:
+        text = http(root, inst["port"], "/metrics").body
+        out[inst["name"]] = sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                                if ln.startswith("vllm:request_success_total"))
+    return out
+
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+         "juliet", "kilo", "lima", "mike", "november", "oscar", "papa"]
+
+
+def send_spread(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public,
+                n: int) -> None:
+    """n short completions at once through the public port, each with its own first word:
+    cache-aware routing has no shared prefix to keep on one instance, so it balances by load."""
+    model = profile["served_model_name"]
+    script = f"key={api_key.shell}; " + " & ".join(
+        f"curl -s {public.curl} -o /dev/null -H \"Authorization: Bearer $key\" "
+        f"-H 'Content-Type: application/json' -d "
+        f"'{{\"model\":\"{model}\",\"prompt\":\"{WORDS[i % len(WORDS)]} is the first word of "
+        f"request {i}\",\"max_tokens\":8}}' {public.url('/v1/completions')}"
+        for i in range(n))
+    assert root.run(f"{script}; wait").rc == 0
+
+
+def traffic_per_instance(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public,
+                         n: int = 12) -> dict[str, float]:
+    """Send n spread requests; how many each instance served (waits up to 60 s for the counters)."""
+    before = served_per_instance(root, profile)
+    send_spread(root, profile, api_key, public, n)
+
+    def grew() -> dict[str, float]:
+        after = served_per_instance(root, profile)
+        return {k: after[k] - before[k] for k in after}
+    wait_for(lambda: sum(grew().values()) >= n, 60)
+    return grew()

@@ -1,6 +1,10 @@
 """faults: steady load through the public port while one process of the request path is killed
-(SIGKILL): an instance, the router, nginx. For each: requests sent, failed (by status), and how
-long until the endpoint answered again; then every unit must be back and every instance healthy.
+(SIGKILL): an instance, the router, nginx; then the whole stack restarted (`systemctl restart
+inference.target`). For each: requests sent, failed (by status), how long until the endpoint
+answered again; then every unit must be back, every instance healthy and taking traffic. Last,
+the machine rebooted under load from clients off it: a podman container is restarted from this
+side (`podman restart`, as the molecule scenario's first boot does); any other host reboots
+itself (`systemctl reboot`).
 
 It disrupts a serving machine, so `inference-image verify` runs it only when asked
 (`--suite faults`); the molecule scenario of `make test` runs it on the cpu tier."""
@@ -9,49 +13,59 @@ from __future__ import annotations
 
 import json
 import shlex
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import HostKey, wait_for
+from conftest import HostKey, Public, traffic_per_instance, wait_for
 
 pytestmark = [pytest.mark.suite("faults"), pytest.mark.serving]
 
 LOAD_S = 20          # seconds of load per fault
 KILL_AFTER_S = 5     # the fault comes this long into the load
 WORKERS = 4
+NGINX_BACK_S = 5     # issue 19's target for the public port itself
 
 
-def _under_load(root: Any, profile: dict[str, Any], api_key: HostKey, unit: str) -> dict[str, Any]:
-    """One script on the machine: load, the kill, the wait for an answer, the counts."""
-    port = profile["router"]["port"]
+def _under_load(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public, fault: str,
+                load_s: int = LOAD_S) -> dict[str, Any]:
+    """One script on the machine: load through the public port, the fault, the wait for an
+    answer, the counts. A client that gets an error waits 0.1 s before its next request, as a
+    client with back-off would (the count is of requests, not of a tight loop's spins)."""
     body = json.dumps({"model": profile["served_model_name"], "prompt": "hello", "max_tokens": 4,
                        "temperature": 0})
-    url = f"http://127.0.0.1:{port}"
     script = f"""
 set -u
 dir=$(mktemp -d /var/tmp/inference-image-faults.XXXXXX)
 key=$(cat {shlex.quote(api_key.path)})
-end=$((SECONDS + {LOAD_S}))
+end=$((SECONDS + {load_s}))
 for w in $(seq {WORKERS}); do
   ( while [ $SECONDS -lt $end ]; do
-      curl -s -o /dev/null -w '%{{http_code}}\\n' -m 60 -H "Authorization: Bearer $key" \\
+      code=$(curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 60 -H "Authorization: Bearer $key" \\
         -H 'Content-Type: application/json' --data-binary {shlex.quote(body)} \\
-        {url}/v1/completions >> "$dir/w$w"
+        {public.url('/v1/completions')})
+      echo "$code" >> "$dir/w$w"
+      [ "$code" = 200 ] || sleep 0.1
     done ) &
 done
 sleep {KILL_AFTER_S}
 t0=$(date +%s%N)
-systemctl kill -s KILL {shlex.quote(unit)}
-until [ "$(curl -s -o /dev/null -w '%{{http_code}}' -m 1 -H "Authorization: Bearer $key" \\
-      {url}/v1/models)" = 200 ]; do sleep 0.1; done
+{fault}
+until [ "$(curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 1 -H "Authorization: Bearer $key" \\
+      {public.url('/v1/models')})" = 200 ]; do sleep 0.1; done
 t1=$(date +%s%N)
 wait
 echo "back_ms $(( (t1 - t0) / 1000000 ))"
 cat "$dir"/w* | sort | uniq -c | sed 's/^/code /'
 rm -rf "$dir"
 """
-    out = root.run(f"timeout {LOAD_S + 240} bash -c {shlex.quote(script)}")
+    out = root.run(f"timeout {load_s + 600} bash -c {shlex.quote(script)}")
     assert out.rc == 0, f"load script failed ({out.rc}): {out.stderr[-500:]}"
     codes: Counter[str] = Counter()
     back_s = None
@@ -65,9 +79,13 @@ rm -rf "$dir"
             "back_s": back_s}
 
 
-def _all_back(root: Any, profile: dict[str, Any]) -> None:
-    units = (["vllm-router.service", "nginx.service"]
-             + [f"vllm@{i['name']}.service" for i in profile["instances"]])
+def _units(profile: dict[str, Any]) -> list[str]:
+    return (["vllm-router.service", "nginx.service"]
+            + [f"vllm@{i['name']}.service" for i in profile["instances"]])
+
+
+def _all_back(root: Any, profile: dict[str, Any], timeout: float = 300) -> None:
+    units = _units(profile)
 
     def healthy(port: int) -> bool:  # a refused connection is "not yet", not an error
         out = root.run(f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://127.0.0.1:{port}/health")
@@ -76,40 +94,161 @@ def _all_back(root: Any, profile: dict[str, Any]) -> None:
     def ready() -> bool:
         return (all(root.service(u).is_running for u in units)
                 and all(healthy(i["port"]) for i in profile["instances"]))
-    assert wait_for(ready, timeout=300, every=3), f"not every unit came back: {units}"
+    assert wait_for(ready, timeout=timeout, every=3), f"not every unit came back: {units}"
 
 
-def _fault(root: Any, profile: dict[str, Any], api_key: HostKey, unit: str,
-           record_property: Any) -> dict[str, Any]:
+def _fault(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public, fault: str,
+           record_property: Any, back_within: float = 300, load_s: int = LOAD_S) -> dict[str, Any]:
     _all_back(root, profile)  # a fault test starts from a whole stack
-    res = _under_load(root, profile, api_key, unit)
-    _all_back(root, profile)
+    res = _under_load(root, profile, api_key, public, fault, load_s)
+    _all_back(root, profile, back_within)
+    if len(profile["instances"]) > 1:
+        res["served_after"] = traffic_per_instance(root, profile, api_key, public)
     for k, v in res.items():
         record_property(k, v)
-    print(f"fault {unit}: {res}")
+    print(f"fault {fault!r}: {res}")
     assert res["sent"] > 0, "no request was sent"
+    if "served_after" in res:
+        assert all(v > 0 for v in res["served_after"].values()), \
+            f"an instance takes no traffic after the fault: {res['served_after']}"
     return res
 
 
 def test_instance_killed_under_load(root: Any, profile: dict[str, Any], api_key: HostKey,
-                                    record_property: Any) -> None:
-    res = _fault(root, profile, api_key, f"vllm@{profile['instances'][0]['name']}.service",
-                 record_property)
+                                    public: Public, record_property: Any) -> None:
+    unit = f"vllm@{profile['instances'][0]['name']}.service"
+    res = _fault(root, profile, api_key, public, f"systemctl kill -s KILL {unit}", record_property)
     assert not res["failed"], f"requests failed while an instance was down: {res}"
 
 
 def test_router_killed_under_load(root: Any, profile: dict[str, Any], api_key: HostKey,
-                                  record_property: Any) -> None:
-    res = _fault(root, profile, api_key, "vllm-router.service", record_property)
+                                  public: Public, record_property: Any) -> None:
+    res = _fault(root, profile, api_key, public, "systemctl kill -s KILL vllm-router.service",
+                 record_property)
     assert not res["failed"], f"requests failed while the router restarted: {res}"
     assert res["back_s"] is not None and res["back_s"] <= 5, res
 
 
 def test_nginx_killed_under_load(root: Any, profile: dict[str, Any], api_key: HostKey,
-                                 record_property: Any) -> None:
-    res = _fault(root, profile, api_key, "nginx.service", record_property)
+                                 public: Public, record_property: Any) -> None:
+    res = _fault(root, profile, api_key, public, "systemctl kill -s KILL nginx.service",
+                 record_property)
     # The public port itself is gone until systemd restarts nginx: those requests are refused
-    # (000); what counts is that it comes back by itself. Issue 19's target is 5 s; measured 1.3 s
-    # once and 6.5-6.6 s twice in this container under load (cause not found yet), so this checks
-    # the bound it meets and records the time (JUnit property back_s).
-    assert res["back_s"] is not None and res["back_s"] <= 15, res
+    # (000). What counts is that it comes back by itself, within the target.
+    assert res["back_s"] is not None and res["back_s"] <= NGINX_BACK_S, res
+
+
+def test_stack_restarted_under_load(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                    public: Public, record_property: Any) -> None:
+    """`systemctl restart inference.target` (what a changed unit file or a user asks for) stops
+    every instance at once: the requests of that window fail with 503 and a Retry-After (never a
+    hung connection), and the whole stack is back and balanced without a person."""
+    res = _fault(root, profile, api_key, public, "systemctl restart --no-block inference.target",
+                 record_property, back_within=profile["limits"]["start_timeout_s"],
+                 load_s=LOAD_S)
+    assert set(res["failed"]) <= {"503"}, f"failures other than 503 while restarting: {res}"
+
+
+# ---- the machine rebooted -----------------------------------------------------------------------
+
+AFTER_S = 5  # load kept up after the endpoint is back
+
+
+class Load:
+    """WORKERS clients off the machine, each sending short completions in a loop (0.1 s back-off
+    after an error), to an address that may change across the reboot."""
+
+    def __init__(self, public: Public, cert_pem: str, key: str, model: str, addr: str) -> None:
+        self.public, self.key, self.addr = public, key, addr
+        self.ctx: ssl.SSLContext | None = None
+        if public.tls:  # pinned to the machine's own certificate; its names are of the first boot
+            self.ctx = ssl.create_default_context(cadata=cert_pem)
+            self.ctx.check_hostname = False
+        self.body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4}).encode()
+        self.codes: Counter[str] = Counter()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._worker, daemon=True) for _ in range(WORKERS)]
+
+    def request(self, path: str, body: bytes | None = None, timeout: float = 60) -> str:
+        req = urllib.request.Request(self.public.url(path, self.addr), data=body,
+                                     headers={"Authorization": f"Bearer {self.key}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.ctx) as resp:
+                resp.read()
+                return str(resp.status)
+        except urllib.error.HTTPError as e:
+            return str(e.code)
+        except (OSError, ssl.SSLError):
+            return "000"  # refused, reset, timed out: the port was not there
+
+    def _worker(self) -> None:
+        while not self.stop.is_set():
+            code = self.request("/v1/completions", self.body)
+            with self.lock:
+                self.codes[code] += 1
+            if code != "200":
+                time.sleep(0.1)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=70)
+
+
+def _address(root: Any) -> str | None:
+    out = root.run("ip -4 -o addr show scope global")
+    fields = out.stdout.split() if out.rc == 0 else []
+    return fields[3].split("/")[0] if len(fields) > 3 else None
+
+
+def _reboot(host: Any, root: Any) -> None:
+    if host.backend.NAME == "podman":
+        subprocess.run(["podman", "restart", host.backend.name], check=True,
+                       capture_output=True, timeout=600)
+    else:
+        root.run("systemd-run --on-active=1 systemctl reboot")
+
+
+def test_reboot_under_load(host: Any, root: Any, profile: dict[str, Any], api_key: HostKey,
+                           public: Public, record_property: Any) -> None:
+    _all_back(root, profile)
+    addr = _address(root)
+    if addr is None:
+        pytest.skip("the machine has no global address for clients off it")
+    key = root.file(api_key.path).content_string.strip()
+    cert = root.file(public.cacert).content_string if public.tls else ""
+    limit = profile["limits"]["start_timeout_s"]
+    with Load(public, cert, key, profile["served_model_name"], addr) as load:
+        time.sleep(5)
+        t0 = time.monotonic()
+        _reboot(host, root)
+
+        def answers() -> bool:
+            now = _address(root)  # the address can change across a container's restart
+            if now:
+                load.addr = now
+            return load.request("/v1/models", timeout=2) == "200"
+        back = wait_for(answers, timeout=limit, every=0.5)
+        back_s = round(time.monotonic() - t0, 1)
+        time.sleep(AFTER_S)
+    assert back, f"the endpoint did not answer within {limit} s of the reboot"
+    _all_back(root, profile, timeout=limit)
+    res: dict[str, Any] = {"sent": sum(load.codes.values()), "back_s": back_s,
+                           "failed": {c: n for c, n in load.codes.items() if c != "200"}}
+    if len(profile["instances"]) > 1:
+        res["served_after"] = traffic_per_instance(root, profile, api_key, public)
+    for k, v in res.items():
+        record_property(k, v)
+    print(f"fault reboot: {res}")
+    assert load.codes["200"] > 0, f"no request served around the reboot: {res}"
+    # while the machine is down nothing answers (000); once nginx is up and the model is not, 503
+    assert set(res["failed"]) <= {"000", "503"}, f"unexpected failures: {res}"
+    if "served_after" in res:
+        assert all(v > 0 for v in res["served_after"].values()), res

@@ -31,7 +31,7 @@ def _mtime(root: Any, path: str) -> int:
 
 def test_per_machine_files_made_after_sealing(root: Any, profile: dict[str, Any], sealed_at: int) -> None:
     old = []
-    paths = ["/etc/machine-id", profile["paths"]["api_key"], profile["paths"]["api_key_map"]]
+    paths = ["/etc/machine-id", *profile["machine_files"]]  # key, its map, TLS key and cert, ...
     paths += root.run("ls /etc/ssh/ssh_host_*_key 2>/dev/null").stdout.split()
     for p in paths:
         if root.file(p).exists and _mtime(root, p) < sealed_at:

@@ -4,10 +4,13 @@ not run as root; the key is not visible to other users."""
 
 from __future__ import annotations
 
+import json
+import shlex
+import time
 from typing import Any
 
 import pytest
-from conftest import HostKey, http, tcp_open
+from conftest import HostKey, Public, http, tcp_open, wait_for
 
 pytestmark = [pytest.mark.suite("security"), pytest.mark.serving]
 
@@ -28,11 +31,10 @@ ROUTES = [
 
 
 @pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
-def test_key_required(root: Any, profile: dict[str, Any], method: str, path: str) -> None:
-    port = profile["router"]["port"]
+def test_key_required(root: Any, public: Public, method: str, path: str) -> None:
     body = {} if method == "POST" else None
-    assert http(root, port, path, method=method, body=body).status == 401, "no key accepted"
-    assert http(root, port, path, key="0" * 64, method=method, body=body).status == 401, \
+    assert http(root, public, path, method=method, body=body).status == 401, "no key accepted"
+    assert http(root, public, path, key="0" * 64, method=method, body=body).status == 401, \
         "a wrong key accepted"
 
 
@@ -43,19 +45,74 @@ INTERNAL = [("GET", "/workers"), ("POST", "/flush_cache"), ("GET", "/metrics"), 
 
 
 @pytest.mark.parametrize(("method", "path"), INTERNAL, ids=[f"{m} {p}" for m, p in INTERNAL])
-def test_internal_routes_not_public_even_with_the_key(root: Any, profile: dict[str, Any],
-                                                      api_key: HostKey, method: str, path: str) -> None:
+def test_internal_routes_not_public_even_with_the_key(root: Any, public: Public, api_key: HostKey,
+                                                      method: str, path: str) -> None:
     body = "{}" if method == "POST" else None
-    assert http(root, profile["router"]["port"], path, key=api_key, method=method,
-                body=body).status == 404
+    assert http(root, public, path, key=api_key, method=method, body=body).status == 404
 
 
-def test_health_needs_no_key(root: Any, profile: dict[str, Any]) -> None:
-    assert http(root, profile["router"]["port"], "/health").status == 200
+def test_health_needs_no_key(root: Any, public: Public) -> None:
+    assert http(root, public, "/health").status == 200
 
 
-def test_right_key_accepted(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
-    assert http(root, profile["router"]["port"], "/v1/models", key=api_key).status == 200
+def test_right_key_accepted(root: Any, public: Public, api_key: HostKey) -> None:
+    assert http(root, public, "/v1/models", key=api_key).status == 200
+
+
+def test_tls_unless_asked_otherwise(root: Any, profile: dict[str, Any], public: Public,
+                                    api_key: HostKey) -> None:
+    """The key crosses the network only inside TLS: the port speaks TLS with this machine's own
+    certificate unless the profile or this machine's user-data chose plain HTTP."""
+    chosen = root.file(profile["paths"]["tls_mode"])
+    want = (chosen.content_string.strip() if chosen.exists else "") or profile["router"]["tls"]
+    assert public.tls == (want != "off"), f"TLS chosen: {want}; endpoint.json says tls={public.tls}"
+    if not public.tls:
+        pytest.skip(f"plain HTTP chosen ({'user-data' if chosen.exists else 'profile'})")
+    # verified against the machine's certificate (curl --cacert), never -k
+    assert http(root, public, "/v1/models", key=api_key).status == 200
+    plain = http(root, profile["router"]["port"], "/v1/models", key=api_key)
+    assert plain.status == 400, f"plain HTTP on the TLS port gave {plain.status}"
+    cert = root.run(f"openssl x509 -in {public.cacert} -noout -dates -fingerprint -sha256")
+    assert cert.rc == 0, cert.stderr
+    shown = root.file(profile["paths"]["endpoint"]).content_string
+    assert cert.stdout.split("Fingerprint=")[1].strip() in shown, "endpoint.json shows another certificate"
+
+
+def test_rate_limit_answers_429(root: Any, profile: dict[str, Any], public: Public,
+                                api_key: HostKey) -> None:
+    """One address sending faster than the profile's rate gets 429 (JSON body, Retry-After)
+    beyond its burst, never a 5xx; the machine's own loopback clients are not limited."""
+    rps, burst = profile["router"]["rate_limit_rps"], profile["router"]["rate_limit_burst"]
+    if not rps:
+        pytest.skip("the profile sets no rate limit (router.rate_limit_rps: 0)")
+    addr = root.run("ip -4 -o addr show scope global").stdout.split()
+    if len(addr) < 4:
+        pytest.skip("the machine has no global address to send from")
+    ip = addr[3].split("/")[0]  # from this address nginx sees a client off the loopback
+    n = burst + 4 * rps + 50
+    d = "/var/tmp/inference-image-ratelimit"
+
+    def burst_from(url: str, extra: str) -> dict[str, int]:
+        out = root.run(
+            f"rm -rf {d} && mkdir -p {d} && key={api_key.shell} && seq {n} | xargs -P 32 -I{{}} "
+            f"curl -s {public.curl} {extra} -o {d}/{{}}.body -D {d}/{{}}.head -w '%{{http_code}}\\n' "
+            f"-m 30 -H \"Authorization: Bearer $key\" {url} | sort | uniq -c")
+        assert out.rc == 0, out.stderr
+        return {c: int(k) for k, c in (ln.split() for ln in out.stdout.splitlines())}
+    try:
+        resolve = f"--resolve localhost:{public.port}:{ip}" if public.tls else ""
+        codes = burst_from(public.url("/v1/models", "localhost" if public.tls else ip), resolve)
+        assert codes.get("429", 0) > 0, f"{n} requests at once from {ip}, none limited: {codes}"
+        assert codes.get("200", 0) >= burst, f"fewer than the burst ({burst}) served: {codes}"
+        assert not [c for c in codes if c.startswith("5") or c == "000"], codes
+        bodies = root.run(f"grep -l rate_limit_error {d}/*.body | wc -l").stdout.strip()
+        heads = root.run(f"grep -il '^retry-after: 1' {d}/*.head | wc -l").stdout.strip()
+        assert int(bodies) == int(heads) == codes["429"], \
+            f"of {codes['429']} answers 429, {bodies} had the JSON error and {heads} Retry-After"
+        local = burst_from(public.url("/v1/models"), "")
+        assert set(local) == {"200"}, f"loopback clients were limited: {local}"
+    finally:
+        root.run(f"rm -rf {d}")
 
 
 def _behind_nat(addr: str) -> None:
@@ -122,10 +179,104 @@ def test_services_not_root(root: Any, profile: dict[str, Any]) -> None:
 
 
 def test_api_key_private(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
-    for path in (profile["paths"]["api_key"], profile["paths"]["api_key_map"]):
+    paths = profile["paths"]
+    for path in (paths["api_key"], paths["api_key_map"], paths["tls_key"]):
         f = root.file(path)
         assert f.user == "root" and f.mode & 0o077 == 0, f"{path} is {oct(f.mode)} {f.user}:{f.group}"
     key = root.file(api_key.path).content_string.strip()
     assert len(key) >= 32, "the API key is shorter than 32 characters"
     args = root.run("ps -eo args").stdout
     assert key not in args, "the API key is on a command line (visible to every user)"
+
+
+# ---- bad and hostile input at the public port ----------------------------------------------------
+
+def _hostile_cases(profile: dict[str, Any]) -> dict[str, tuple[str, set[int]]]:
+    """name -> (the request's curl arguments after the URL's path, accepted statuses)."""
+    model, max_len = profile["served_model_name"], profile["profile"]["serving"]["max_model_len"]
+    long_prompt = "hello " * (max_len + 200)  # more tokens than the model takes, in any tokenizer
+
+    def data(obj: Any) -> str:
+        return f"--data-binary {shlex.quote(json.dumps(obj))}"
+    completions = "/v1/completions "
+    return {
+        "malformed JSON": (completions + "--data-binary '{\"model\": '", {400}),
+        "not an object": ("/v1/chat/completions --data-binary '[1,2]'", {400, 422}),
+        "unknown model": (completions + data({"model": "nope", "prompt": "x"}), {400, 404}),
+        "prompt over max_model_len": (
+            completions + data({"model": model, "prompt": long_prompt, "max_tokens": 4}), {400}),
+        "max_tokens over max_model_len": (
+            completions + data({"model": model, "prompt": "x", "max_tokens": max_len * 10}), {400}),
+        "negative max_tokens": (
+            completions + data({"model": model, "prompt": "x", "max_tokens": -1}), {400}),
+        "body over 64 MiB": (completions + "--data-binary @/var/tmp/inference-image-big.json", {413}),
+    }
+
+
+def test_bad_requests_get_a_clear_4xx(root: Any, profile: dict[str, Any], public: Public,
+                                      api_key: HostKey) -> None:
+    """Each bad request gets its 4xx from nginx or vLLM (never a 5xx, a hang or a reset), and
+    every instance is still healthy afterwards."""
+    got = {}
+    root.run("head -c 70000000 /dev/zero | tr '\\0' ' ' > /var/tmp/inference-image-big.json")
+    try:
+        for name, (args, want) in _hostile_cases(profile).items():
+            out = root.run(
+                f"curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 60 "
+                f"-H \"Authorization: Bearer \"{api_key.shell} -H 'Content-Type: application/json' "
+                f"{public.url()}{args}")
+            got[name] = (out.stdout.strip() or "000", want)
+    finally:
+        root.run("rm -f /var/tmp/inference-image-big.json")
+    bad = {k: f"{c} (want {sorted(w)})" for k, (c, w) in got.items() if not c.isdigit() or int(c) not in w}
+    assert not bad, f"bad requests answered wrongly: {bad}"
+    for inst in profile["instances"]:
+        assert http(root, inst["port"], "/health").status == 200, f"{inst['name']} unhealthy after"
+
+
+SLOW_CLIENTS = r"""
+import socket, ssl, sys, time
+port, cafile, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+ctx = ssl.create_default_context(cafile=cafile) if cafile else None
+socks = []
+for _ in range(n):  # each sends half a request line, then nothing
+    s = socket.create_connection(("127.0.0.1", port))
+    if ctx:
+        s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    socks.append(s)
+t0 = time.monotonic()
+for s in socks:
+    s.settimeout(120)
+    try:
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+print(f"closed_after_s {time.monotonic() - t0:.1f}")
+"""
+
+
+def test_slow_clients_are_cut_off_and_cost_nobody_else(root: Any, profile: dict[str, Any],
+                                                       public: Public, api_key: HostKey) -> None:
+    """Slow-loris: 200 connections that never finish their headers. A normal request still gets
+    its answer meanwhile, and nginx closes the slow ones itself (client_header_timeout)."""
+    py = root.run("command -v python3").stdout.strip()
+    if not py:
+        pytest.skip("no python3 on the machine to open the slow connections")
+    script = "/var/tmp/inference-image-slow.py"
+    root.run(f"cat > {script} <<'PY'\n{SLOW_CLIENTS}\nPY")
+    cafile = public.cacert if public.tls else ""
+    try:
+        root.run(f"nohup {py} {script} {public.port} '{cafile}' 200 > {script}.out 2>&1 &")
+        time.sleep(2)
+        t0 = time.monotonic()
+        assert http(root, public, "/v1/models", key=api_key, timeout=10).status == 200
+        assert time.monotonic() - t0 < 5, "a normal request waited behind the slow clients"
+        done = wait_for(lambda: "closed_after_s" in root.run(f"cat {script}.out").stdout, 100, 2)
+        out = root.run(f"cat {script}.out").stdout
+        assert done, f"nginx kept the slow connections open for 100 s: {out[-300:]}"
+        closed = float(out.split("closed_after_s")[1].split()[0])
+        assert closed <= 30, f"slow connections held for {closed} s"
+    finally:
+        root.run(f"pkill -f {script}; rm -f {script} {script}.out")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import HostKey, http, wait_for
+from conftest import HostKey, Public, http, traffic_per_instance
 
 pytestmark = pytest.mark.suite("smoke")
 
@@ -44,63 +44,39 @@ def test_every_instance_healthy(root: Any, profile: dict[str, Any]) -> None:
 
 
 @pytest.mark.serving
-def test_router_answers(root: Any, profile: dict[str, Any]) -> None:
+def test_router_answers(root: Any, profile: dict[str, Any], public: Public) -> None:
     rt = profile["router"]
     assert http(root, rt["internal_port"], "/health").status == 200, "vllm-router's own /health"
-    assert http(root, rt["port"], "/health").status == 200, "/health on the public port (nginx)"
+    assert http(root, public, "/health").status == 200, "/health on the public port (nginx)"
 
 
 @pytest.mark.serving
-def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
-    r = http(root, profile["router"]["port"], "/v1/models", key=api_key)
+def test_router_lists_the_model(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                public: Public) -> None:
+    r = http(root, public, "/v1/models", key=api_key)
     assert r.status == 200, r.body
     ids = [m["id"] for m in r.json()["data"]]
     assert profile["served_model_name"] in ids
 
 
 @pytest.mark.serving
-def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
+def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                       public: Public) -> None:
     body = {"model": profile["served_model_name"], "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": "Say something about GPUs."}]}
-    r = http(root, profile["router"]["port"], "/v1/chat/completions", key=api_key, method="POST",
-             body=body)
+    r = http(root, public, "/v1/chat/completions", key=api_key, method="POST", body=body)
     assert r.status == 200, r.body
     d = r.json()
     assert d["usage"]["completion_tokens"] > 0
     assert d["choices"][0]["message"]["content"] is not None
 
 
-def _served(root: Any, port: int) -> float:
-    text = http(root, port, "/metrics").body
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:request_success_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @pytest.mark.serving
 def test_router_spreads_requests_over_instances(root: Any, profile: dict[str, Any],
-                                                api_key: HostKey) -> None:
+                                                api_key: HostKey, public: Public) -> None:
     if len(profile["instances"]) < 2:
         pytest.skip("one instance")
-    before = {i["name"]: _served(root, i["port"]) for i in profile["instances"]}
-    port, model = profile["router"]["port"], profile["served_model_name"]
-    # Different first words: cache-aware routing has no shared prefix to keep on one instance,
-    # so it balances by load. Sent concurrently from the host itself.
-    script = f"key={api_key.shell}; " + " & ".join(
-        f"curl -s -o /dev/null -H \"Authorization: Bearer $key\" -H 'Content-Type: application/json' -d "
-        f"'{{\"model\":\"{model}\",\"prompt\":\"{w} is the first word of request {n}\",\"max_tokens\":8}}' "
-        f"http://127.0.0.1:{port}/v1/completions"
-        for n, w in enumerate(["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
-                               "india", "juliet", "kilo", "lima"]))
-    assert root.run(f"{script}; wait").rc == 0
-
-    def grew() -> dict[str, float]:
-        after = {i["name"]: _served(root, i["port"]) for i in profile["instances"]}
-        return {k: after[k] - before[k] for k in after}
-    wait_for(lambda: sum(grew().values()) >= 12, 60)
-    delta = grew()
+    delta = traffic_per_instance(root, profile, api_key, public, 12)
     assert sum(delta.values()) >= 12, f"requests served per instance: {delta}"
     assert all(v > 0 for v in delta.values()), f"an instance served nothing: {delta}"
 

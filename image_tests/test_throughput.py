@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HostKey
+from conftest import HostKey, Public
 
 from inference_image.bench import SCENARIOS, bench_command, row_from_result
 
@@ -18,19 +18,20 @@ pytestmark = [pytest.mark.suite("throughput"), pytest.mark.serving]
 
 
 @pytest.fixture(scope="module")
-def measured(root: Any, profile: dict[str, Any], api_key: HostKey) -> dict[str, Any]:
+def measured(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public) -> dict[str, Any]:
     t = profile["profile"]["targets"]
     sc = SCENARIOS[t["scenario"]]
     c = int(t["concurrency"])
     target = profile["models"][0]
     vllm = f"{profile['paths']['vllm_venv']}/bin/vllm"
     out_dir = "/var/tmp/inference-image-throughput"
-    cmd = bench_command([vllm],
-                        f"http://127.0.0.1:{profile['router']['port']}", profile["served_model_name"],
+    cmd = bench_command([vllm], public.url(), profile["served_model_name"],
                         target["path"], sc, c, per=4, seed=c, result_dir=Path(out_dir),
                         result_file="result.json")
     run = root.run(
+        # the client checks the machine's certificate (Python's ssl reads SSL_CERT_FILE)
         f"mkdir -p {out_dir} && cd {out_dir} && OPENAI_API_KEY={api_key.shell} VLLM_NO_USAGE_STATS=1 "
+        f"{'SSL_CERT_FILE=' + shlex.quote(public.cacert) + ' ' if public.tls else ''}"
         f"DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 {shlex.join(cmd)}")
     try:
         assert run.rc == 0, f"vllm bench serve failed ({run.rc}): {run.stderr[-2000:]}"

@@ -5,6 +5,7 @@ run whose suite passed nothing fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ from conftest import ROOT
 
 from inference_image import cli, verify
 from inference_image.profiles import ProfileErrors, resolve
-from inference_image.render import render
+from inference_image.render import PATHS, render
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +34,19 @@ def test_sysprep_check_finds_the_key_in_nginx_map_too(tmp_path: Path) -> None:
     key, key_map = tmp_path / "api-key", tmp_path / "api-key.nginx"
     key_map.write_text('"Bearer 00ff" 1;\n')  # the map alone: what sysprep used to leave behind
     proc = subprocess.run(["bash", str(ROOT / "roles/sysprep/files/inference-sysprep-check")],
-                          env={**os.environ, "SYSPREP_API_KEY_FILES": f"{key} {key_map}",
+                          env={**os.environ, "SYSPREP_MACHINE_FILES": f"{key} {key_map}",
                                "SYSPREP_FORBIDDEN_FILE": ""},
                           capture_output=True, text=True, check=False)
-    assert f"API key left: {key_map}" in proc.stdout
-    assert f"API key left: {key}\n" not in proc.stdout
+    assert f"per-machine file left: {key_map}" in proc.stdout
+    assert f"per-machine file left: {key}\n" not in proc.stdout
     assert proc.returncode == 1
 
 
-def test_sysprep_removes_both_key_files() -> None:
-    defaults = (ROOT / "roles/sysprep/defaults/main.yml").read_text()
-    assert "inference_paths.api_key_map" in defaults and "inference_paths.api_key " in defaults
+def test_sysprep_removes_both_key_files(h100: Path) -> None:
+    extra = json.loads((h100 / "ansible/extra-vars.json").read_text())
+    assert {PATHS["api_key"], PATHS["api_key_map"]} <= set(extra["sysprep_machine_files"])
+    tasks = (ROOT / "roles/sysprep/tasks/main.yml").read_text()
+    assert 'loop: "{{ sysprep_machine_files }}"' in tasks
 
 
 # ---- 2. first boot -------------------------------------------------------------------------------
@@ -111,8 +114,10 @@ def test_hostile_field_is_refused_with_one_clear_line(override: str, field: str,
 
 def test_ipv6_bind_renders_a_valid_listen_line(tmp_path: Path) -> None:
     render(resolve("h100", overrides=["router.bind='::'"]), tmp_path / "r")
-    conf = (tmp_path / "r/etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "listen [::]:8000 " in conf
+    root = tmp_path / "root"
+    assert _firstboot(tmp_path / "r", root).returncode == 0
+    listen = (root / PATHS["public_listen"].lstrip("/")).read_text()
+    assert "listen [::]:8000 ssl " in listen
 
 
 def test_gpu_count_must_match_the_droplet_size() -> None:

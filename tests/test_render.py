@@ -151,7 +151,8 @@ def test_api_key_is_checked_by_nginx_not_passed_on_command_lines(tmp_path):
     for f in units.iterdir():
         assert "api-key" not in f.read_text() and "API_KEY" not in f.read_text(), f.name
     conf = (tmp_path / "etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "listen 0.0.0.0:8000 " in conf and "server 127.0.0.1:8001 max_fails=0;" in conf
+    assert "include /etc/inference-image/public-listen.nginx;" in conf  # tests/test_tls.py
+    assert "server 127.0.0.1:8001 max_fails=0;" in conf
     assert "include /etc/inference-image/api-key.ngin[x];" in conf
     health, rest = conf.split("location = /health", 1)[1].split("location / {", 1)
     assert "return 401" not in health and "if ($inference_key_ok = 0)" in rest

@@ -31,7 +31,15 @@ PATHS = {
     "router_venv": "/opt/vllm-router",
     "runner": "/usr/local/bin/inference-run",
     "firstboot": "/usr/local/sbin/inference-firstboot",
+    # the public port's TLS, made per machine by firstboot (user-data may write tls_mode)
+    "tls_cert": "/etc/inference-image/tls/cert.pem",
+    "tls_key": "/etc/inference-image/tls/key.pem",
+    "tls_mode": "/etc/inference-image/tls-mode",
+    "public_listen": "/etc/inference-image/public-listen.nginx",
+    "endpoint": "/etc/inference-image/endpoint.json",
 }
+# What first boot makes on each machine, and sysprep removes before a snapshot.
+MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint")
 SERVICE_USER = "inference"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
 # instance may take to start (cold compile), open files per service, node exporter's port.
@@ -47,6 +55,10 @@ class Unit:
     name: str
     env: dict[str, str]
     argv: list[str]
+
+
+def machine_files() -> list[str]:
+    return [PATHS[k] for k in MACHINE_FILES]
 
 
 def model_path(name: str) -> str:
@@ -202,9 +214,12 @@ def profile_document(r: Resolved) -> dict[str, Any]:
         "instances": [{"name": i.name, "port": i.port, "gpu_ids": list(i.gpu_ids)}
                       for i in r.instances],
         "router": {"port": p.router.port, "internal_port": p.router.internal_port,
-                   "metrics_port": p.router.metrics_port},
+                   "metrics_port": p.router.metrics_port, "tls": p.router.tls,
+                   "rate_limit_rps": p.router.rate_limit_rps,
+                   "rate_limit_burst": p.router.rate_limit_burst},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
+        "machine_files": machine_files(),
         "service_user": SERVICE_USER,
         "limits": LIMITS,
     }
@@ -219,6 +234,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_instances": [i.name for i in r.instances],
         "inference_router_port": p.router.port,
         "inference_router_internal_port": p.router.internal_port,
+        "inference_router_scheme": "http" if p.router.tls == "off" else "https",
         "inference_metrics_port": p.router.metrics_port,
         "inference_instance_ports": [i.port for i in r.instances],
         "inference_service_user": SERVICE_USER,
@@ -233,6 +249,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "vllm_router_version": v.vllm_router,
         "models_list": models_list(r),
         "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
+        "sysprep_machine_files": machine_files(),
         "base_nofile_limit": LIMITS["nofile"],
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
         "observability_node_exporter_listen": f"127.0.0.1:{LIMITS['node_exporter_port']}",
@@ -286,6 +303,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("etc/cloud/cloud.cfg.d/90-inference-image.cfg.j2",
         "etc/cloud/cloud.cfg.d/90-inference-image.cfg")
     tpl("etc/nginx/conf.d/inference-image.conf.j2", "etc/nginx/conf.d/inference-image.conf")
+    tpl("etc/update-motd.d/90-inference-image.j2", "etc/update-motd.d/90-inference-image", 0o755)
     tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")

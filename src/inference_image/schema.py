@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, field_validator
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
@@ -136,6 +136,20 @@ class Router(Strict):
     ] = "cache_aware"
     metrics_port: Port = 29000
     health_check_interval_secs: int = Field(5, ge=1)
+    tls: Literal["self-signed", "off"] = Field(
+        "self-signed", description="the public port's TLS: a certificate made per machine at first "
+        "boot, or plain HTTP (behind a TLS-terminating load balancer); user-data can override it")
+    rate_limit_rps: int = Field(
+        20, ge=0, le=1_000_000, description="requests per second per client address on the API "
+        "routes before 429 (0: no limit; clients on the machine's loopback are not limited)")
+    rate_limit_burst: int = Field(200, ge=0, le=1_000_000,
+                                  description="requests above the rate a client may send at once")
+
+    @field_validator("tls", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        # YAML 1.1 reads an unquoted `tls: off` as false
+        return "off" if v is False else v
 
 
 class Targets(Strict):

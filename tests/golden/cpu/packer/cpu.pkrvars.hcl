@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 b82a990f9a2d891abc7565642eb342bb2d144b58b794f0020f242ecd674f0b8f): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 2ebe24c1a25008b259c076a7c7961fa126b237382be0dac934f39021db736490): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "b82a990f9a2d891abc7565642eb342bb2d144b58b794f0020f242ecd674f0b8f"
+profile_sha256 = "2ebe24c1a25008b259c076a7c7961fa126b237382be0dac934f39021db736490"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 1754f4714d5ae14bb8b66e655333806c467911134f3d6d135a2fb32a2a684230): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 94345786ddda3784d31f0ce013766dd11e236b0355999189b7c3b1c47d988d89): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "1754f4714d5ae14bb8b66e655333806c467911134f3d6d135a2fb32a2a684230"
+profile_sha256 = "94345786ddda3784d31f0ce013766dd11e236b0355999189b7c3b1c47d988d89"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 eef397dfd5f9e78b892130e9ea63ea20dece0d68d6374dae8e630bd72807ee3b): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 ae1f49ea71e4c810476864e8e91e9d49e52a033f14c1612b4a759250b0690c55): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "eef397dfd5f9e78b892130e9ea63ea20dece0d68d6374dae8e630bd72807ee3b"
+profile_sha256 = "ae1f49ea71e4c810476864e8e91e9d49e52a033f14c1612b4a759250b0690c55"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

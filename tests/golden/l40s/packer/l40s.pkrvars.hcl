@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 d41a42ec0b0e78b3c9a85f72ff37d62a7f9011d0208d3c7fd072c2eab951b39b): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 dc74fb4062af8ccc7ab6f618d46105b69e1c11570dec216fbc1a588fd90ea9e6): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "d41a42ec0b0e78b3c9a85f72ff37d62a7f9011d0208d3c7fd072c2eab951b39b"
+profile_sha256 = "dc74fb4062af8ccc7ab6f618d46105b69e1c11570dec216fbc1a588fd90ea9e6"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

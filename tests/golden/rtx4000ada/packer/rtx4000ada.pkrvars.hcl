@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 6a22465774374844611e944a2b028d03b5a751b391ceb270e887e2ed17270e6d): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 c9ed6e6acde974367a051d1569ab0c9bfd704a76288adae22ba711d05ec9becc): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "6a22465774374844611e944a2b028d03b5a751b391ceb270e887e2ed17270e6d"
+profile_sha256 = "c9ed6e6acde974367a051d1569ab0c9bfd704a76288adae22ba711d05ec9becc"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
