@@ -36,7 +36,8 @@ class Http:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "suite(name): smoke, gpu, hygiene, security, throughput, faults")
+    config.addinivalue_line(
+        "markers", "suite(name): smoke, gpu, hygiene, security, throughput, faults, marketplace")
     config.addinivalue_line("markers", "serving: needs the stack running, or the GPU itself")
 
 
@@ -211,3 +212,19 @@ def traffic_per_instance(root: Any, profile: dict[str, Any], api_key: HostKey, p
         return {k: after[k] - before[k] for k in after}
     wait_for(lambda: sum(grew().values()) >= n, 60)
     return grew()
+
+
+def pending_security_updates(root: Any) -> list[str]:
+    """The security updates apt would install now. Package lists go to a scratch directory
+    (sysprep removed the machine's, and the machine's own apt runs must not wait on this one),
+    which is removed again."""
+    lists = "/var/tmp/inference-image-apt-lists"
+    opts = f"-o Dir::State::Lists={lists} -o Debug::NoLocking=1"
+    try:
+        upd = root.run(f"mkdir -p {lists}/partial && apt-get -qq {opts} update 2>&1")
+        assert upd.rc == 0, f"cannot read the package archive to check for updates: {upd.stdout[-300:]}"
+        sim = root.run(f"apt-get -s {opts} upgrade")
+        assert sim.rc == 0, sim.stdout[-300:]
+    finally:
+        root.run(f"rm -rf {lists}")
+    return [ln for ln in sim.stdout.splitlines() if ln.startswith("Inst ") and "securi" in ln.lower()]

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import pytest
+from conftest import pending_security_updates
 
 pytestmark = pytest.mark.suite("hygiene")
 
@@ -93,17 +94,6 @@ def test_no_package_caches(root: Any) -> None:
 
 
 def test_no_pending_security_updates(root: Any) -> None:
-    """DigitalOcean's Marketplace check fails an image with a pending security update. Package
-    lists go to a scratch directory (sysprep removed the machine's, and the machine's own apt runs
-    must not wait on this one), which the test removes again."""
-    lists = "/var/tmp/inference-image-hygiene-apt"
-    opts = f"-o Dir::State::Lists={lists} -o Debug::NoLocking=1"
-    try:
-        upd = root.run(f"mkdir -p {lists}/partial && apt-get -qq {opts} update 2>&1")
-        assert upd.rc == 0, f"cannot read the package archive to check for updates: {upd.stdout[-300:]}"
-        sim = root.run(f"apt-get -s {opts} upgrade")
-        assert sim.rc == 0, sim.stdout[-300:]
-    finally:
-        root.run(f"rm -rf {lists}")
-    pending = [ln for ln in sim.stdout.splitlines() if ln.startswith("Inst ") and "securi" in ln.lower()]
+    """DigitalOcean's Marketplace check fails an image with a pending security update."""
+    pending = pending_security_updates(root)
     assert not pending, f"{len(pending)} pending security updates: {pending[:5]}"

@@ -486,7 +486,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bp = sub.add_parser("bench", help="benchmark an endpoint, or compare two results")
     bsub = bp.add_subparsers(dest="bench_cmd", required=True, metavar="ACTION")
     rp = bsub.add_parser("run", help="run scenarios x concurrencies against an endpoint")
-    rp.add_argument("--url", default="http://127.0.0.1:8000", help="base URL (router or instance)")
+    rp.add_argument("--url", default="https://127.0.0.1:8000",
+                    help="base URL (the public port, the router or an instance); for the public "
+                    "port's own certificate set SSL_CERT_FILE=/etc/inference-image/tls/cert.pem")
     rp.add_argument("--profile", metavar="TIER", help="served model name and $/hour from a tier")
     rp.add_argument("--model", help="served model name (default: the profile's target)")
     rp.add_argument("--tokenizer", help="tokenizer path when the served name is not a hub id")

@@ -26,7 +26,7 @@ from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
 
 T = TypeVar("T")
 
-SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults")
+SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults", "marketplace")
 PROFILE_JSON = "/etc/inference-image/profile.json"
 
 
@@ -263,7 +263,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="SSH target (port 22 by default), podman://CONTAINER or local://")
     vp.add_argument("--profile", required=True, metavar="TIER", help="the tier the machine should be")
     vp.add_argument("--suite", action="append", choices=SUITES, metavar="SUITE",
-                    help=f"repeatable; one of {', '.join(SUITES)} (default: all but throughput)")
+                    help=f"repeatable; one of {', '.join(SUITES)} (default: smoke, security, "
+                         "hygiene, and gpu on GPU tiers; faults and marketplace only when asked)")
     vp.add_argument("--user", default="root", help="SSH user (sudo is used when not root)")
     vp.add_argument("--identity", help="SSH private key (default: the agent, then ~/.ssh keys)")
     vp.add_argument("--api-host", help="address of the API port from here, if not the SSH host")
