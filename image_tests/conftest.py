@@ -219,7 +219,9 @@ def pending_security_updates(root: Any) -> list[str]:
     (sysprep removed the machine's, and the machine's own apt runs must not wait on this one),
     which is removed again."""
     lists = "/var/tmp/inference-image-apt-lists"
-    opts = f"-o Dir::State::Lists={lists} -o Debug::NoLocking=1"
+    # no binary caches either: on a sealed image the check must not leave files behind
+    opts = (f"-o Dir::State::Lists={lists} -o Debug::NoLocking=1 -o Dir::Cache::pkgcache= "
+            "-o Dir::Cache::srcpkgcache=")
     try:
         upd = root.run(f"mkdir -p {lists}/partial && apt-get -qq {opts} update 2>&1")
         assert upd.rc == 0, f"cannot read the package archive to check for updates: {upd.stdout[-300:]}"
