@@ -99,16 +99,29 @@ def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0)
         client.close()
 
 
+# /health on the public port, run on the machine: TLS checked against the machine's certificate,
+# or plain HTTP where first boot chose it (endpoint.json). Prints the status or the error.
+PUBLIC_HEALTH = f"""python3 - <<'PY'
+import json, ssl, urllib.request
+try:
+    p = json.load(open({PROFILE_JSON!r}))
+    e = json.load(open(p["paths"]["endpoint"]))
+    tls = e["tls"] != "off"
+    ctx = ssl.create_default_context(cafile=e["tls_cert"]) if tls else None
+    url = f"{{'https' if tls else 'http'}}://127.0.0.1:{{p['router']['port']}}/health"
+    print(urllib.request.urlopen(url, timeout=5, context=ctx).status)
+except Exception as exc:
+    print(getattr(exc, "code", None) or exc)
+PY"""
+
+
 def wait_ready(t: Target, identity: str | None, seconds: int, serving: bool = True,
                interval: float = 10.0) -> None:
     """Wait until the machine has booted and, when it serves, until the public port answers
     /health (a cold start compiles). Without serving, a finished boot is enough: systemd says
     "running", or "degraded" (a GPU tier baked without its GPU cannot start its instances)."""
     if serving:
-        port = "import json; print(json.load(open('" + PROFILE_JSON + "'))['router']['port'])"
-        probe = (f'port=$(python3 -c "{port}"); '
-                 f'curl -s -o /dev/null -m 5 -w "%{{http_code}}" http://127.0.0.1:$port/health')
-        done, what = {"200"}, "the router on {host} did not answer /health"
+        probe, done, what = PUBLIC_HEALTH, {"200"}, "the router on {host} did not answer /health"
     else:
         probe = "systemctl is-system-running"
         done, what = {"running", "degraded"}, "{host} did not finish booting"
