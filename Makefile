@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit molecule molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit molecule soak soak-host molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate e2e clean
 
 help: ## this list
@@ -51,10 +51,22 @@ molecule-inputs: molecule-image
 	$(BIN)/inference-image render --profile cpu --out build/cpu
 	scripts/fetch-wheels build/cpu
 
+MOLECULE_CPU := cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/cpu \
+	  INFERENCE_WHEELS=$(CURDIR)/build/wheels $(CURDIR)/$(BIN)/molecule
+
 molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12 systemd container (cpu tier)
 	mkdir -p build/molecule
-	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/cpu \
-	  INFERENCE_WHEELS=$(CURDIR)/build/wheels $(CURDIR)/$(BIN)/molecule test
+	$(MOLECULE_CPU) test
+
+MINUTES ?= 10
+soak: molecule-inputs ## MINUTES (10) of load at the cpu tier's target concurrency in the molecule container; not in CI
+	mkdir -p build/molecule build/soak
+	$(MOLECULE_CPU) converge
+	rc=0; $(BIN)/inference-image soak --host podman://inference-image-cpu --profile cpu --minutes $(MINUTES) \
+	  --out build/soak/cpu.json || rc=$$?; $(MOLECULE_CPU) destroy; exit $$rc
+
+soak-host: setup ## MINUTES of load on HOST=host[:port] built as GPU=<tier> (its target concurrency)
+	$(BIN)/inference-image soak --host $(HOST) --profile $(GPU) --minutes $(MINUTES) --out build/soak/$(GPU).json
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
 	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py

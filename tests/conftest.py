@@ -1,6 +1,15 @@
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
+import os
 import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,3 +29,55 @@ def edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"
     path.write_text(text.replace(old, new, 1))
+
+
+@dataclass
+class Machine:
+    """A first-booted cpu render in a scratch root, with a TLS server on its certificate standing
+    in for nginx: profile_json is a copy whose paths and port point into the scratch root."""
+
+    root: Path
+    etc: Path
+    profile_json: Path
+    handler: type[http.server.BaseHTTPRequestHandler]
+
+    @contextlib.contextmanager
+    def serving(self, cert_dir: Path | None = None) -> Iterator[int]:
+        cert_dir = cert_dir or self.etc / "tls"
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self.handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert_dir / "cert.pem", cert_dir / "key.pem")
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        doc = json.loads(self.profile_json.read_text())
+        doc["router"]["port"] = srv.server_address[1]
+        self.profile_json.write_text(json.dumps(doc))
+        try:
+            yield srv.server_address[1]
+        finally:
+            srv.shutdown()
+
+
+def first_boot(render_dir: Path, root: Path) -> None:
+    env = {**os.environ, "INFERENCE_ROOT": str(root)}
+    run = subprocess.run(["bash", str(render_dir / "usr/local/sbin/inference-firstboot")],
+                         env=env, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+
+
+def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -> Machine:
+    from inference_image.profiles import resolve
+    from inference_image.render import render
+
+    r, root = tmp_path / "render", tmp_path / "root"
+    render(resolve("cpu"), r)
+    first_boot(r, root)
+    etc = root / "etc/inference-image"
+    doc = json.loads((r / "etc/inference-image/profile.json").read_text())
+    for k, v in doc["paths"].items():
+        doc["paths"][k] = str(root) + v
+    endpoint = json.loads((etc / "endpoint.json").read_text())
+    endpoint["tls_cert"] = str(root) + endpoint["tls_cert"]
+    (etc / "endpoint.json").write_text(json.dumps(endpoint))
+    (tmp_path / "profile.json").write_text(json.dumps(doc))
+    return Machine(root, etc, tmp_path / "profile.json", handler)

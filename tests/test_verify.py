@@ -1,18 +1,22 @@
 """inference-image verify: target parsing, the one-line errors before any test runs, the summary."""
 
 import http.server
-import json
 import os
 import shutil
-import ssl
 import subprocess
-import threading
-from pathlib import Path
 
 import pytest
+from conftest import first_boot, machine
 
 from inference_image.cli import main
-from inference_image.verify import VerifyError, parse_target, summarize, wait_ready
+from inference_image.verify import (
+    PROFILE_JSON,
+    PUBLIC_HEALTH,
+    VerifyError,
+    parse_target,
+    summarize,
+    wait_ready,
+)
 
 
 def test_parse_target():
@@ -127,50 +131,26 @@ def test_wait_retries_the_first_connection(monkeypatch):
         v.preflight_until(parse_target("h", "root"), None, 0, interval=0.01)
 
 
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
 def test_public_health_probe_checks_the_machines_certificate(tmp_path):
     """verify --wait's probe, run as on a machine: TLS against the certificate first boot made,
     and a refusal when the server shows another certificate."""
-    from inference_image.profiles import resolve
-    from inference_image.render import render
-    from inference_image.verify import PROFILE_JSON, PUBLIC_HEALTH
+    m = machine(tmp_path, Health)
+    script = PUBLIC_HEALTH.replace(repr(PROFILE_JSON), repr(str(m.profile_json)))
 
-    r, root = tmp_path / "r", tmp_path / "root"
-    render(resolve("cpu"), r)
-    env = {**os.environ, "INFERENCE_ROOT": str(root)}
-    fb = str(r / "usr/local/sbin/inference-firstboot")
-    assert subprocess.run(["bash", fb], env=env, capture_output=True).returncode == 0
-    etc = root / "etc/inference-image"
-    endpoint = json.loads((etc / "endpoint.json").read_text())
-    endpoint["tls_cert"] = str(etc / "tls/cert.pem")
-    (etc / "endpoint.json").write_text(json.dumps(endpoint))
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-
-        def log_message(self, *_):
-            pass
-
-    def probe(key_dir: Path) -> str:
-        srv = http.server.HTTPServer(("127.0.0.1", 0), Health)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(key_dir / "cert.pem", key_dir / "key.pem")
-        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        doc = json.loads((r / PROFILE_JSON.lstrip("/")).read_text())
-        doc["router"]["port"] = srv.server_address[1]
-        doc["paths"]["endpoint"] = str(etc / "endpoint.json")
-        (tmp_path / "profile.json").write_text(json.dumps(doc))
-        script = PUBLIC_HEALTH.replace(repr(PROFILE_JSON), repr(str(tmp_path / "profile.json")))
-        try:
-            return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
-                                  timeout=30).stdout.strip()
-        finally:
-            srv.shutdown()
-
-    assert probe(etc / "tls") == "200"
-    other = tmp_path / "other"
-    assert subprocess.run(["bash", fb], env={**env, "INFERENCE_ROOT": str(other)},
-                          capture_output=True).returncode == 0
-    assert "CERTIFICATE_VERIFY_FAILED" in probe(other / "etc/inference-image/tls")
+    def probe() -> str:
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    with m.serving():
+        assert probe() == "200"
+    first_boot(tmp_path / "render", tmp_path / "other")
+    with m.serving(tmp_path / "other/etc/inference-image/tls"):
+        assert "CERTIFICATE_VERIFY_FAILED" in probe()

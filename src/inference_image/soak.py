@@ -1,0 +1,216 @@
+"""`inference-image soak`: steady load on a serving machine for minutes, through its public port,
+from the machine itself (no network between, no rate limit on loopback): per minute, the
+requests that succeeded and failed (by status), latency percentiles, and the resident memory of
+every service on the request path. It ends with the two soak targets of issue 19: no failed
+request, and no service's memory more than 10 % above its first-minute size.
+
+The load runs on the machine as a detached process (stdlib Python), so a dropped SSH connection
+does not end it; this side polls its output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .bench import _count as positive
+from .verify import VerifyError, parse_target, preflight, remote
+
+GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % above minute 1
+WORK = "/var/tmp/inference-image-soak"
+
+# Runs on the machine (python3, stdlib only). argv[1]: JSON config.
+LOAD = r'''
+import json, os, ssl, sys, threading, time, urllib.error, urllib.request
+cfg = json.loads(sys.argv[1])
+prof = json.load(open(cfg["profile_json"]))
+ep = json.load(open(prof["paths"]["endpoint"]))
+key = open(prof["paths"]["api_key"]).read().strip()
+tls = ep["tls"] != "off"
+ctx = ssl.create_default_context(cafile=ep["tls_cert"]) if tls else None
+url = f"{'https' if tls else 'http'}://127.0.0.1:{prof['router']['port']}/v1/completions"
+units = (["nginx.service", "vllm-router.service"]
+         + [f"vllm@{i['name']}.service" for i in prof["instances"]])
+words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+lock = threading.Lock()
+window = []  # (latency_s, code) of the current minute
+stop = threading.Event()
+out = open(cfg["out"], "a", buffering=1)
+
+def rss_mib(unit):
+    total, base = 0, f"/sys/fs/cgroup/system.slice/{unit}"
+    for d, _, files in os.walk(base):
+        if "cgroup.procs" not in files:
+            continue
+        for pid in open(os.path.join(d, "cgroup.procs")).read().split():
+            try:
+                for line in open(f"/proc/{pid}/status"):
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except OSError:
+                pass
+    return round(total / 1024, 1)
+
+def worker(n):
+    i = 0
+    while not stop.is_set():
+        i += 1
+        body = json.dumps({"model": prof["served_model_name"], "max_tokens": cfg["max_tokens"],
+                           "ignore_eos": True, "temperature": 0.7,
+                           "prompt": f"{words[(n + i) % len(words)]} {i} tells a story about"}).encode()
+        req = urllib.request.Request(url, data=body, headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=600, context=ctx) as r:
+                r.read()
+                code = str(r.status)
+        except urllib.error.HTTPError as e:
+            code = str(e.code)
+        except Exception:
+            code = "000"
+        with lock:
+            window.append((time.monotonic() - t0, code))
+        if code != "200":
+            time.sleep(0.1)
+
+def pct(xs, q):
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1) if xs else None
+
+threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(cfg["concurrency"])]
+for t in threads:
+    t.start()
+start = time.monotonic()
+for minute in range(1, cfg["minutes"] + 1):
+    time.sleep(max(0, start + cfg.get("interval_s", 60) * minute - time.monotonic()))
+    with lock:
+        rows, window[:] = list(window), []
+    lat = sorted(s for s, c in rows if c == "200")
+    codes = {}
+    for _, c in rows:
+        codes[c] = codes.get(c, 0) + 1
+    out.write(json.dumps({"minute": minute, "ok": codes.pop("200", 0), "failed": codes,
+                          "p50_ms": pct(lat, 0.5), "p90_ms": pct(lat, 0.9), "p99_ms": pct(lat, 0.99),
+                          "rss_mib": {u: rss_mib(u) for u in units}}) + "\n")
+stop.set()
+for t in threads:
+    t.join(timeout=600)
+out.write(json.dumps({"done": True}) + "\n")
+'''
+
+
+class SoakError(Exception):
+    pass
+
+
+def assess(minutes: list[dict[str, Any]]) -> list[str]:
+    """The targets missed, one line each (empty: both met)."""
+    missed = []
+    failed: dict[str, int] = {}
+    for m in minutes:
+        for code, n in m["failed"].items():
+            failed[code] = failed.get(code, 0) + n
+    if failed:
+        missed.append(f"failed requests: {failed}")
+    if not any(m["ok"] for m in minutes):
+        missed.append("no request succeeded")
+    if len(minutes) >= 2:
+        first, last = minutes[0]["rss_mib"], minutes[-1]["rss_mib"]
+        for unit, base in first.items():
+            if base and last.get(unit, 0) > base * (1 + GROWTH_LIMIT):
+                missed.append(f"{unit}: resident memory {base} -> {last[unit]} MiB "
+                              f"(+{(last[unit] / base - 1) * 100:.1f} %, limit "
+                              f"{GROWTH_LIMIT * 100:.0f} %)")
+    return missed
+
+
+def table(minutes: list[dict[str, Any]]) -> str:
+    units = list(minutes[0]["rss_mib"]) if minutes else []
+    short = [u.removesuffix(".service").replace("vllm@", "") for u in units]
+    head = ["min", "ok", "failed", "p50 ms", "p90 ms", "p99 ms", *[f"{s} MiB" for s in short]]
+    rows = [head] + [[str(m["minute"]), str(m["ok"]), str(sum(m["failed"].values())),
+                      str(m["p50_ms"]), str(m["p90_ms"]), str(m["p99_ms"]),
+                      *[str(m["rss_mib"][u]) for u in units]] for m in minutes]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    target = parse_target(args.host, args.user)
+    identity = args.identity
+    tier = preflight(target, identity)
+    if args.profile and tier != args.profile:
+        raise SoakError(f"{args.host} was built for tier {tier}, not {args.profile}")
+    rc, text = remote(target, identity, "cat /etc/inference-image/profile.json")
+    if rc:
+        raise SoakError(f"cannot read /etc/inference-image/profile.json on {args.host}")
+    prof = json.loads(text)
+    conc = args.concurrency or int(prof["profile"]["targets"]["concurrency"])
+    cfg = {"profile_json": "/etc/inference-image/profile.json", "out": f"{WORK}/minutes.jsonl",
+           "minutes": args.minutes, "concurrency": conc, "max_tokens": args.max_tokens}
+    start = (f"rm -rf {WORK} && mkdir -p {WORK} && cat > {WORK}/load.py <<'PY'\n{LOAD}\nPY\n"
+             f"setsid nohup python3 {WORK}/load.py {shlex.quote(json.dumps(cfg))} "
+             f"> {WORK}/stdout 2>&1 < /dev/null &")
+    rc, _ = remote(target, identity, start)
+    if rc:
+        raise SoakError(f"could not start the load on {args.host}")
+    print(f"soak {args.host} ({tier}): {args.minutes} min at concurrency {conc}, "
+          f"{args.max_tokens} tokens per request", flush=True)
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + args.minutes * 60 + 900
+    try:
+        while True:
+            time.sleep(20)
+            _, text = remote(target, identity, f"cat {WORK}/minutes.jsonl 2>/dev/null; "
+                             f"tail -c 600 {WORK}/stdout 2>/dev/null | sed 's/^/stdout: /'")
+            lines = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+            for m in lines[len(seen):]:
+                if "minute" in m:
+                    seen.append(m)
+                    print(f"  minute {m['minute']}: ok {m['ok']} failed {m['failed']} "
+                          f"p50 {m['p50_ms']} ms p99 {m['p99_ms']} ms rss {m['rss_mib']}", flush=True)
+            if any(m.get("done") for m in lines):
+                break
+            if time.monotonic() > deadline:
+                err = "\n".join(ln for ln in text.splitlines() if ln.startswith("stdout: "))
+                raise SoakError(f"the load did not finish in time on {args.host}: {err[-300:]}")
+    finally:
+        remote(target, identity, f"pkill -f {WORK}/load.py; rm -rf {WORK}")
+    return {"host": args.host, "tier": tier, "minutes": args.minutes, "concurrency": conc,
+            "max_tokens": args.max_tokens, "per_minute": seen, "missed": assess(seen)}
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    try:
+        res = run(args)
+    except (SoakError, VerifyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(table(res["per_minute"]))
+    print(f"\nresult: {out}")
+    for line in res["missed"]:
+        print(f"target missed: {line}")
+    if not res["missed"]:
+        print("targets met: no failed request, no service's memory +10 % over minute 1")
+    return 1 if res["missed"] else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("soak", help="steady load on a serving machine for minutes: failures, "
+                        "latency and memory per minute")
+    sp.add_argument("--host", required=True, help="HOST[:PORT] (SSH), podman://NAME or local://")
+    sp.add_argument("--profile", metavar="TIER", help="fail unless the machine is this tier")
+    sp.add_argument("--minutes", type=positive, default=10)
+    sp.add_argument("--concurrency", type=positive, help="default: the profile's target concurrency")
+    sp.add_argument("--max-tokens", type=positive, default=64, help="tokens per completion")
+    sp.add_argument("--user", default="root")
+    sp.add_argument("--identity", help="SSH private key")
+    sp.add_argument("--out", default="build/soak/soak.json")
+    sp.set_defaults(func=cmd_soak)
