@@ -5,6 +5,7 @@ an Ansible inventory, local) and learn what to expect from the host itself:
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import time
@@ -230,3 +231,22 @@ def pending_security_updates(root: Any) -> list[str]:
     finally:
         root.run(f"rm -rf {lists}")
     return [ln for ln in sim.stdout.splitlines() if ln.startswith("Inst ") and "securi" in ln.lower()]
+
+
+CAUSE = re.compile(r"(No space left|out of memory|Cannot allocate|can't allocate|OutOfMemory|"
+                   r"Error|error:|Exception|Killed|core dumped)")
+
+
+def unit_failure_cause(root: Any, unit: str, since: str | None = None) -> str | None:
+    """The last line of a unit's journal that says why it failed (an error, a full disk, memory),
+    or None. since: a journalctl --since value (e.g. "@1700000000")."""
+    window = f"--since {shlex.quote(since)}" if since else "-n 300"
+    out = root.run(f"journalctl -u {shlex.quote(unit)} {window} --no-pager -o cat").stdout
+    hits = [ln.strip() for ln in out.splitlines()
+            if CAUSE.search(ln) and not ln.lstrip().startswith(("File ", "^", "Traceback"))]
+    return hits[-1][:300] if hits else None
+
+
+def port_open(root: Any, port: int) -> bool:
+    """Whether something listens on the machine's loopback port (curl would fail on a refusal)."""
+    return root.run(f"ss -Hltn 'sport = :{port}'").stdout.strip() != ""

@@ -12,6 +12,7 @@ It disrupts a serving machine, so `inference-image verify` runs it only when ask
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import ssl
 import subprocess
@@ -23,7 +24,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import HostKey, Public, traffic_per_instance, wait_for
+from conftest import HostKey, Public, http, traffic_per_instance, unit_failure_cause, wait_for
 
 pytestmark = [pytest.mark.suite("faults"), pytest.mark.serving]
 
@@ -147,6 +148,43 @@ def test_stack_restarted_under_load(root: Any, profile: dict[str, Any], api_key:
                  record_property, back_within=profile["limits"]["start_timeout_s"],
                  load_s=LOAD_S)
     assert set(res["failed"]) <= {"503"}, f"failures other than 503 while restarting: {res}"
+
+
+
+def test_instance_that_cannot_allocate_memory(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                              public: Public, record_property: Any) -> None:
+    """One instance asks for more memory than the machine has at its start (a KV cache of 1 PB):
+    its journal says so in one line, the smoke suite (what verify runs) names that line, systemd
+    keeps retrying it, and the public port serves on the others meanwhile."""
+    if profile["profile"].get("hardware", {}).get("gpu_count"):
+        pytest.skip("the GPU variant (an instance that cannot get its GPU memory) runs on a GPU machine")
+    if len(profile["instances"]) < 2:
+        pytest.skip("one instance: nothing would serve while it fails")
+    inst = profile["instances"][-1]
+    unit = f"vllm@{inst['name']}.service"
+    dropin = f"/run/systemd/system/{unit}.d"  # runtime only: gone at the next boot
+    _all_back(root, profile)
+    since = root.run("date +@%s").stdout.strip()
+    try:
+        conf = "[Service]\\nEnvironment=VLLM_CPU_KVCACHE_SPACE=1000000\\n"  # GiB: a petabyte
+        root.run(f"mkdir -p {dropin} && printf '{conf}' > {dropin}/90-fault.conf && "
+                 f"systemctl daemon-reload && systemctl restart --no-block {unit}")
+        cause = wait_for(lambda: unit_failure_cause(root, unit, since), timeout=300, every=3)
+        assert cause, f"{unit} failed without a line in its journal that says why"
+        record_property("cause", cause)
+        print(f"fault memory: {unit}: {cause}")
+        assert re.search(r"memory|allocat", cause, re.I), f"the cause does not name memory: {cause}"
+        served = [http(root, public, "/v1/models", key=api_key).status for _ in range(10)]
+        spread = traffic_per_instance(root, profile, api_key, public, 8)
+        assert spread[inst["name"]] == 0 and sum(spread.values()) >= 8, spread
+        assert served == [200] * 10, served
+        restarts = root.run(f"systemctl show -p NRestarts --value {unit}").stdout.strip()
+        assert wait_for(lambda: int(root.run(f"systemctl show -p NRestarts --value {unit}")
+                                    .stdout.strip() or 0) > int(restarts or 0), 120, 3), \
+            f"systemd stopped retrying {unit}"
+    finally:
+        root.run(f"rm -rf {dropin} && systemctl daemon-reload && systemctl restart --no-block {unit}")
+    _all_back(root, profile)
 
 
 # ---- the machine rebooted -----------------------------------------------------------------------
