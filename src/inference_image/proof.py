@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from . import bench
+from . import bench, trace
 from .bench import acceptance, spec_counters
 from .memory import decode_bytes_per_token
 from .profiles import ProfileErrors, Resolved, project_root, resolve
 from .render import render
 
-StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "assemble"]
+StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "trace", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
@@ -260,6 +260,20 @@ def with_acceptance(args_file: Path, length: float) -> None:
     args_file.write_text("\n".join(lines) + "\n")
 
 
+def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:
+    """The files matching `pattern` once their sizes stop changing (a trace is written after
+    /stop_profile returns)."""
+    end, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < end:
+        files = sorted(folder.glob(pattern))
+        sizes = [f.stat().st_size for f in files]
+        if files and sizes == last:
+            return files
+        last = sizes
+        time.sleep(3)
+    raise ProofError(f"no finished trace in {folder} after {timeout_s:.0f} s")
+
+
 @dataclass
 class Runner:
     plan: Plan
@@ -418,7 +432,10 @@ class Runner:
                         "--no-build-isolation", "--no-index", "--target", site, "--upgrade",
                         str(project_root() / "plugins" / "vllm")], check=True)
 
-    def step_profile(self, step: Step) -> None:
+    def _instance(self, step: Step, extra_args: str = "") -> tuple[Resolved, list[str],
+                                                                    dict[str, str], int, Path]:
+        """The tier rendered as the image gets it, its instance's command (inference-run) and
+        environment; the step's acceptance length and `extra_args` are the only changes."""
         label = step.name()
         try:
             r = self.resolved(step.sets)
@@ -436,14 +453,52 @@ class Runner:
         cache = self.work / f"cache-{r.digest[:12]}"
         env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
                "MODEL_PATH": str(self.model_for(r)), "DRAFT_PATH": str(self.draft_for(r)),
-               "INFERENCE_EXTRA_ARGS": "--load-format dummy", **self._cache_env(cache)}
+               "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
+               **self._cache_env(cache)}
         runner = [str(rdir / "usr/local/bin/inference-run"), inst.name]
         dry = subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
                              capture_output=True, text=True, check=False)
         self.results.setdefault("commands", {})[label] = {
             "sets": list(step.sets), "acceptance_length": step.acceptance_length,
             "profile_sha256": r.digest, "argv": dry.stdout.strip()}
-        self._serve(label, runner, env, inst.port, r.profile.model.target, step, r, cache)
+        return r, runner, env, inst.port, cache
+
+    def step_profile(self, step: Step) -> None:
+        r, runner, env, port, cache = self._instance(step)
+        self._serve(step.name(), runner, env, port, r.profile.model.target, step, r, cache)
+
+    def step_trace(self, step: Step) -> None:
+        """The profile as imaged under vLLM's torch profiler: warmed up, then one stream of
+        greedy completions (c=1: decode steps, the speculative ones included) traced, and the
+        trace summarised (trace.py): where a step's GPU time goes, how long the GPU idles."""
+        label = step.name()
+        tdir = self.work / "trace" / label
+        shutil.rmtree(tdir, ignore_errors=True)
+        tdir.mkdir(parents=True)
+        # no spaces: inference-run splits INFERENCE_EXTRA_ARGS on them
+        cfg = json.dumps({"profiler": "torch", "torch_profiler_dir": str(tdir),
+                          "torch_profiler_with_stack": False, "ignore_frontend": True},
+                         separators=(",", ":"))
+        r, runner, env, port, _ = self._instance(step, f"--profiler-config {cfg}")
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        srv = start(runner, env, self.work / "logs" / f"{label}.log", port)
+        url, model = f"http://127.0.0.1:{port}", r.profile.model.target
+        try:
+            srv.wait_ready()
+            greedy(url, model)  # warm-up: anything compiled on first use is compiled now
+            for action in ("start_profile", "stop_profile"):
+                urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
+                                       timeout=600).read()
+                if action == "start_profile":
+                    greedy(url, model)
+            files = wait_files(tdir, "*.pt.trace.json*", 300)
+        finally:
+            srv.stop()
+        biggest = max(files, key=lambda f: f.stat().st_size)  # the GPU worker's, not the front end's
+        summary = trace.summarize(trace.load(biggest))
+        summary["file"] = biggest.name
+        self.results.setdefault("trace", {})[label] = summary
+        print(trace.table(summary), flush=True)
 
     def step_assemble(self, step: Step) -> None:
         print(assemble(self.results, self.resolved()))

@@ -1,0 +1,112 @@
+"""Where a serving step's GPU time goes, from a torch profiler trace (the Chrome trace JSON vLLM's
+`--profiler-config` writes): GPU busy and idle time over the window, kernel time per kind
+(GEMM, attention, quantization, norm, rotary, sampling, memory copies, other), the kernels that
+take the most, vLLM's own annotations (forward, sample, draft proposal, ...) with their mean
+time, and how work was launched (CUDA graphs against single kernel launches). Torch-free: it
+reads JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+# First match wins: a GEMM with an FP8 epilogue is a GEMM, not a quantization.
+KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|matmul|_mm_|sm90_|sm80_", re.I)),
+    ("attention", re.compile(r"flash|fmha|attn|attention|reshape_and_cache|paged", re.I)),
+    ("quant", re.compile(r"quant|fp8|e4m3", re.I)),
+    ("norm", re.compile(r"rms|norm", re.I)),
+    ("rotary", re.compile(r"rotary|rope", re.I)),
+    ("sampling", re.compile(r"sampl|topk|top_k|argmax|softmax|rejection|gumbel|multinomial|"
+                            r"logit|penalt", re.I)),
+)
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def kind_of(name: str, cat: str = "kernel") -> str:
+    if cat != "kernel":
+        return "memory"
+    for kind, pat in KINDS:
+        if pat.search(name):
+            return kind
+    return "other"
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    doc = json.loads(raw)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length covered by [start, end) spans (kernels on several streams overlap)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def short(name: str, n: int = 90) -> str:
+    """Kernel names run to hundreds of characters of template arguments."""
+    name = re.sub(r"<.*", "<...>", name) if len(name) > n else name
+    return name[:n]
+
+
+def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X" and "dur" in e]
+    if not gpu:
+        return {"error": "no GPU events in the trace (was the CUDA activity recorded?)"}
+    start = min(e["ts"] for e in gpu)
+    window = max(e["ts"] + e["dur"] for e in gpu) - start
+    busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    by_kind: dict[str, float] = defaultdict(float)
+    by_name: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for e in gpu:
+        by_kind[kind_of(e["name"], e["cat"])] += e["dur"]
+        by_name[(e["name"], e["cat"])].append(e["dur"])
+    kernel_total = sum(by_kind.values())
+    kernels = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    notes: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "gpu_user_annotation" and "dur" in e:
+            notes[e["name"]].append(e["dur"])
+    launches: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and e.get("name") in (
+                "cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                "cuLaunchKernelEx", "cudaMemcpyAsync"):
+            launches[e["name"]] += 1
+    return {
+        "window_ms": round(window / 1e3, 3),
+        "gpu_busy_ms": round(busy / 1e3, 3),
+        "gpu_idle_share": round(1 - busy / window, 4) if window else 0.0,
+        "by_kind_ms": {k: round(v / 1e3, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "by_kind_share": {k: round(v / kernel_total, 4) for k, v in
+                          sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": short(n), "kind": kind_of(n, c), "calls": len(d),
+                         "total_ms": round(sum(d) / 1e3, 3), "mean_us": round(sum(d) / len(d), 2)}
+                        for (n, c), d in kernels],
+        "annotations": {n: {"calls": len(d), "mean_ms": round(sum(d) / len(d) / 1e3, 3)}
+                        for n, d in sorted(notes.items(), key=lambda kv: -sum(kv[1]))[:top]},
+        "launches": dict(launches),
+    }
+
+
+def table(s: dict[str, Any]) -> str:
+    if "error" in s:
+        return s["error"]
+    lines = [f"GPU busy {s['gpu_busy_ms']} of {s['window_ms']} ms ({s['gpu_idle_share']:.0%} idle)",
+             "by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in s["by_kind_share"].items()),
+             "launches: " + ", ".join(f"{k} {v}" for k, v in s["launches"].items())]
+    lines += [f"  {k['total_ms']:>9.2f} ms {k['calls']:>6}x {k['mean_us']:>8.1f} us  {k['kind']:<9} "
+              f"{k['name']}" for k in s["top_kernels"][:12]]
+    lines += [f"  step {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
+              list(s["annotations"].items())[:10]]
+    return "\n".join(lines)

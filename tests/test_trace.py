@@ -1,0 +1,57 @@
+"""The proof's trace summary (trace.py) on a small Chrome trace written as vLLM's torch profiler
+writes them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from inference_image import trace
+
+
+def _k(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7}
+
+
+EVENTS = [
+    _k("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int>, "
+       "cutlass_3x_sm90_tensorop_e4m3_128x64x128>>(Params)", 0, 38),
+    _k("_fp8_gemv_kernel", 40, 20),
+    _k("_fp8_gemv_kernel", 60, 20),
+    _k("kernel_unified_attention_3d", 80, 10),
+    _k("void vllm::rms_norm_kernel<c10::BFloat16>", 90, 5),
+    _k("void vllm::scaled_fp8_quant_kernel", 95, 5),
+    _k("Memcpy DtoH (Device -> Pinned)", 150, 10, "gpu_memcpy"),
+    # on a second stream, overlapping the GEMM: counted once in busy time
+    _k("void rejection_sample_kernel", 10, 20),
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "gpu_model_runner: forward", "ts": 0,
+     "dur": 100},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "gpu_model_runner: forward", "ts": 150,
+     "dur": 50},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 3},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},  # not GPU time
+]
+
+
+def test_summary_of_a_trace(tmp_path: Path) -> None:
+    f = tmp_path / "host_1.pt.trace.json.gz"
+    f.write_bytes(gzip.compress(json.dumps({"traceEvents": EVENTS}).encode()))
+    s = trace.summarize(trace.load(f))
+    assert s["window_ms"] == 0.16  # first kernel start to last end
+    assert s["gpu_busy_ms"] == 0.108  # 0-38, 40-100, 150-160: the overlapping kernel counts once
+    assert s["gpu_idle_share"] == round(1 - 108 / 160, 4)
+    assert s["by_kind_ms"] == {"gemm": 0.078, "sampling": 0.02, "attention": 0.01,
+                               "memory": 0.01, "norm": 0.005, "quant": 0.005}
+    top = s["top_kernels"][0]
+    assert (top["name"], top["calls"], top["mean_us"]) == ("_fp8_gemv_kernel", 2, 20.0)
+    assert s["top_kernels"][1]["name"].endswith("<...>")  # template arguments cut
+    assert s["annotations"]["gpu_model_runner: forward"] == {"calls": 2, "mean_ms": 0.075}
+    assert s["launches"] == {"cudaGraphLaunch": 1, "cudaLaunchKernel": 1}
+    assert "GPU busy 0.108 of 0.16 ms" in trace.table(s)
+
+
+def test_a_trace_without_gpu_events_says_so() -> None:
+    s = trace.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])
+    assert "no GPU events" in s["error"] and trace.table(s) == s["error"]
