@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-PROFILE_JSON = "/etc/inference-image/profile.json"
+from inference_image.render import PATHS
+
+PROFILE_JSON = PATHS["profile_json"]  # the one path a test must know before the host says
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

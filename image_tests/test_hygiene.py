@@ -14,15 +14,15 @@ from conftest import pending_security_updates
 
 pytestmark = pytest.mark.suite("hygiene")
 
-IMAGE_JSON = "/etc/inference-image/image.json"
 HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{30,}")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def sealed_at(root: Any) -> int:
-    f = root.file(IMAGE_JSON)
+def sealed_at(root: Any, profile: dict[str, Any]) -> int:
+    image_json = profile["paths"]["image_json"]
+    f = root.file(image_json)
     if not f.exists:
-        pytest.skip(f"{IMAGE_JSON} is missing: this machine was never sysprepped (not booted from an image)")
+        pytest.skip(f"{image_json} is missing: this machine was never sysprepped (not booted from an image)")
     return int(json.loads(f.content_string)["sysprepped_at"])
 
 
@@ -63,10 +63,9 @@ def test_no_logs_from_the_build(root: Any, sealed_at: int) -> None:
     assert not old, f"logs written before the image was sealed: {old[:10]}"
 
 
-def test_no_hub_token_on_disk(root: Any) -> None:
-    out = root.run(
-        "grep -rlsE 'hf_[A-Za-z0-9]{30,}' /etc /root /home /var/lib/inference-image "
-        "/var/cache/inference-image /var/tmp /tmp 2>/dev/null | head -5")
+def test_no_hub_token_on_disk(root: Any, profile: dict[str, Any]) -> None:
+    where = f"/etc /root /home {profile['paths']['state']} {profile['paths']['cache']} /var/tmp /tmp"
+    out = root.run(f"grep -rlsE 'hf_[A-Za-z0-9]{{30,}}' {where} 2>/dev/null | head -5")
     assert not out.stdout.strip(), f"something that looks like a hub token: {out.stdout.split()}"
     env = root.run("cat /etc/environment 2>/dev/null").stdout
     assert not HF_TOKEN.search(env) and "HF_TOKEN" not in env

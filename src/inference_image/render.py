@@ -22,6 +22,10 @@ MARKER = ".inference-image-render"
 # Where things live on the image. One place, so roles, units and tests agree.
 PATHS = {
     "etc": "/etc/inference-image",
+    "profile_json": "/etc/inference-image/profile.json",
+    "image_json": "/etc/inference-image/image.json",
+    "prometheus_targets": "/etc/inference-image/prometheus-targets.json",
+    "state": "/var/lib/inference-image",
     "units": "/etc/inference-image/units",
     "api_key": "/etc/inference-image/api-key",
     "api_key_map": "/etc/inference-image/api-key.nginx",

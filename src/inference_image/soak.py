@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench import _count as positive
-from .verify import VerifyError, parse_target, preflight, remote
+from .verify import PROFILE_JSON, VerifyError, parse_target, preflight, remote
 
 GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % above minute 1
 WORK = "/var/tmp/inference-image-soak"
@@ -145,12 +145,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tier = preflight(target, identity)
     if args.profile and tier != args.profile:
         raise SoakError(f"{args.host} was built for tier {tier}, not {args.profile}")
-    rc, text = remote(target, identity, "cat /etc/inference-image/profile.json")
+    rc, text = remote(target, identity, f"cat {PROFILE_JSON}")
     if rc:
-        raise SoakError(f"cannot read /etc/inference-image/profile.json on {args.host}")
+        raise SoakError(f"cannot read {PROFILE_JSON} on {args.host}")
     prof = json.loads(text)
     conc = args.concurrency or int(prof["profile"]["targets"]["concurrency"])
-    cfg = {"profile_json": "/etc/inference-image/profile.json", "out": f"{WORK}/minutes.jsonl",
+    cfg = {"profile_json": PROFILE_JSON, "out": f"{WORK}/minutes.jsonl",
            "minutes": args.minutes, "concurrency": conc, "max_tokens": args.max_tokens}
     start = (f"rm -rf {WORK} && mkdir -p {WORK} && cat > {WORK}/load.py <<'PY'\n{LOAD}\nPY\n"
              f"setsid nohup python3 {WORK}/load.py {shlex.quote(json.dumps(cfg))} "

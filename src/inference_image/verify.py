@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
+from .render import PATHS
 
 T = TypeVar("T")
 
 SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults", "marketplace")
-PROFILE_JSON = "/etc/inference-image/profile.json"
+PROFILE_JSON = PATHS["profile_json"]
 
 
 class VerifyError(Exception):
