@@ -208,7 +208,7 @@ def _hostile_cases(profile: dict[str, Any]) -> dict[str, tuple[str, set[int]]]:
         "max_tokens over max_model_len": (
             completions + data({"model": model, "prompt": "x", "max_tokens": max_len * 10}), {400}),
         "negative max_tokens": (
-            completions + data({"model": model, "prompt": "x", "max_tokens": -1}), {400}),
+            completions + data({"model": model, "prompt": "x", "max_tokens": -1}), {400, 422}),
         "body over 64 MiB": (completions + "--data-binary @/var/tmp/inference-image-big.json", {413}),
     }
 
