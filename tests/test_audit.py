@@ -196,7 +196,7 @@ def test_router_restart_falls_back_to_the_instances(h100: Path) -> None:
     upstream = upstream[:upstream.index("}")]
     assert "server 127.0.0.1:8001 max_fails=0;" in upstream
     assert "server 127.0.0.1:8100 backup max_fails=0;" in upstream
-    assert "proxy_next_upstream error timeout http_502 http_503 non_idempotent;" in conf
+    assert "proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;" in conf
 
 
 # ---- 7. a dead engine comes back -----------------------------------------------------------------
