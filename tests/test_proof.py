@@ -103,3 +103,35 @@ def test_assemble_reports_ratios_acceptance_and_roofline() -> None:
     line = next(ln for ln in table.splitlines() if ln.startswith("as-imaged-L2.5"))
     assert "2.40" in line and "2.5" in line
     assert res["roofline_c1"]["as-imaged-L2.5"]["tok_s"] == 360.0
+
+
+def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -> None:
+    """70B bf16 (141 GB) does not fit one H200 below vLLM's 0.9 memory share: vanilla there is
+    `vllm serve --quantization fp8`; on 8 H100s it fits in bf16 at TP=8. A tier that does not
+    speculate has one as-imaged step, without an acceptance length."""
+    h200 = proof.standard_plan("h200", [2.5], proof.CHAT_CONCURRENCY, (1,))
+    assert [(s.name(), s.args) for s in h200.steps[3:5]] == [
+        ("vanilla-fp8", ("--quantization", "fp8")), ("as-imaged", ())]
+    assert h200.steps[4].acceptance_length is None
+    x8 = proof.standard_plan("h100x8", [2.5], proof.CHAT_CONCURRENCY, (1,))
+    assert x8.steps[3].args == ("--tensor-parallel-size", "8")
+    assert proof.Plan.from_json(h200.to_json()) == h200
+
+
+def test_stand_in_folders_per_target(tmp_path: Path) -> None:
+    base = tmp_path / "model"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32,
+                                                  "vocab_size": 128256}))
+    made = proof.make_models(base)
+    c70 = json.loads((Path(made["70b"]) / "config.json").read_text())
+    assert (c70["hidden_size"], c70["num_hidden_layers"], c70["vocab_size"]) == (8192, 80, 128256)
+    q = json.loads((Path(made["70b-fp8dyn"]) / "config.json").read_text())["quantization_config"]
+    acts = q["config_groups"]["group_0"]["input_activations"]
+    assert (acts["strategy"], acts["dynamic"]) == ("token", True)
+    runner = proof.Runner(plan=proof.Plan(tier="h200"), out=tmp_path, work=tmp_path, model_dir=base)
+    h200, h100 = resolve("h200"), resolve("h100")
+    assert runner.model_for(h200) == Path(made["70b-fp8dyn"])
+    assert runner.model_for(h200, checkpoint=False) == Path(made["70b"])
+    assert runner.model_for(h100) == Path(made["fp8static"])
+    assert runner.model_for(h100, checkpoint=False) == base

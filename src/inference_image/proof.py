@@ -31,13 +31,14 @@ from typing import Any, Literal, get_args
 
 from . import bench, trace
 from .bench import acceptance, spec_counters
-from .memory import decode_bytes_per_token
+from .memory import decode_bytes_per_token, weight_bytes
 from .profiles import ProfileErrors, Resolved, project_root, resolve
 from .render import render
 
 StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "trace", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
+VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
 
 # Weightless stand-ins made from the one target folder (config + tokenizer) by the models step.
@@ -48,6 +49,15 @@ DRAFT_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers":
             "tie_word_embeddings": True}
 EAGLE3_8B = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
              "draft_vocab_size": 32000, "max_position_embeddings": 131072}
+# Llama 3.3 70B shares Llama 3.1 8B's tokenizer and vocabulary: its stand-in is the 8B folder with
+# the 70B's shapes.
+LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+             "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128}
+# catalog target -> (folder suffix of its bf16 stand-in, of its FP8 checkpoint stand-in). The FP8
+# checkpoints are the catalog's: the 8B's static per-tensor scales, the 70B's RedHatAI
+# "FP8-dynamic" (per-channel weights, per-token activations scaled at run time).
+TARGETS = {"llama-3.1-8b-instruct": ("", "fp8static"),
+           "llama-3.3-70b-instruct": ("70b", "70b-fp8dyn")}
 
 
 def ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -70,6 +80,7 @@ class Step:
     sets: tuple[str, ...] = ()
     acceptance_length: float | None = None
     concurrency: tuple[int, ...] = ()
+    args: tuple[str, ...] = ()  # vanilla only: vLLM arguments beside its defaults
 
     def name(self) -> str:
         return self.label or self.kind
@@ -96,7 +107,8 @@ class Plan:
             steps.append(Step(kind=s["kind"], label=s.get("label", ""),
                               sets=tuple(s.get("sets", ())),
                               acceptance_length=s.get("acceptance_length"),
-                              concurrency=tuple(s.get("concurrency", ()))))
+                              concurrency=tuple(s.get("concurrency", ())),
+                              args=tuple(s.get("args", ()))))
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
                    min_prompts=int(d.get("min_prompts", 16)), steps=steps)
@@ -108,13 +120,25 @@ class ProofError(Exception):
 
 def standard_plan(tier: str, lengths: list[float], concurrency: tuple[int, ...],
                   short: tuple[int, ...]) -> Plan:
-    """vanilla, the profile without its draft, and the profile as imaged at each acceptance
-    length: the first length at every concurrency, the others at `short`."""
-    steps = [Step("info"), Step("bandwidth"), Step("models"), Step("vanilla"),
-             Step("profile", label="draft-off", sets=NO_DRAFT)]
-    for i, length in enumerate(lengths):
-        steps.append(Step("profile", label=f"as-imaged-L{length:g}", acceptance_length=length,
-                          concurrency=() if i == 0 else short))
+    """vanilla, then the profile as imaged: without its draft and at each acceptance length (the
+    first at every concurrency, the others at `short`), or once where the tier does not speculate.
+    Vanilla is `vllm serve` on the tier's GPUs: bf16, or `--quantization fp8` (the plain FP8 a
+    user would try first) where bf16 weights do not fit them; tensor parallel over all of them."""
+    r = resolve(tier)
+    gpus = max(1, r.profile.hardware.gpu_count)
+    vargs: tuple[str, ...] = ("--tensor-parallel-size", str(gpus)) if gpus > 1 else ()
+    label = "vanilla"
+    capacity = r.profile.hardware.gpu_memory_gib * gpus * 2**30 * VANILLA_MEMORY_SHARE
+    if weight_bytes(r.target, "none") > capacity:
+        vargs, label = (*vargs, "--quantization", "fp8"), "vanilla-fp8"
+    steps = [Step("info"), Step("bandwidth"), Step("models"), Step("vanilla", label=label, args=vargs)]
+    if r.profile.model.speculative.method == "none":
+        steps.append(Step("profile", label="as-imaged"))
+    else:
+        steps.append(Step("profile", label="draft-off", sets=NO_DRAFT))
+        for i, length in enumerate(lengths):
+            steps.append(Step("profile", label=f"as-imaged-L{length:g}", acceptance_length=length,
+                              concurrency=() if i == 0 else short))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
 
@@ -231,7 +255,9 @@ def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> di
     and BASE-suffix for each config change in `more`."""
     made = {}
     static = ct_fp8("tensor", "tensor", dynamic=False)
+    dynamic = ct_fp8("channel", "token", dynamic=True)
     variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B, "fp8static": {"quantization_config": static},
+                "70b": LLAMA_70B, "70b-fp8dyn": {**LLAMA_70B, "quantization_config": dynamic},
                 **(more or {})}
     for suffix, change in variants.items():
         dst = base.with_name(f"{base.name}-{suffix}")
@@ -298,10 +324,15 @@ class Runner:
     def resolved(self, sets: tuple[str, ...] = ()) -> Resolved:
         return resolve(self.plan.tier, overrides=list(sets))
 
-    def model_for(self, r: Resolved) -> Path:
-        if r.profile.model.quantization == "fp8-checkpoint":
-            return self.model_dir.with_name(f"{self.model_dir.name}-fp8static")
-        return self.model_dir
+    def model_for(self, r: Resolved, checkpoint: bool | None = None) -> Path:
+        """The stand-in folder of the profile's target: its FP8 checkpoint where the profile
+        loads one (or `checkpoint` says so), else bf16."""
+        target = r.profile.model.target
+        if target not in TARGETS:
+            raise ProofError(f"no stand-in for {target} (have: {', '.join(TARGETS)})")
+        fp8 = r.profile.model.quantization == "fp8-checkpoint" if checkpoint is None else checkpoint
+        suffix = TARGETS[target][1 if fp8 else 0]
+        return self.model_dir.with_name(f"{self.model_dir.name}-{suffix}") if suffix else self.model_dir
 
     def draft_for(self, r: Resolved) -> Path:
         kind = "eagle3" if r.profile.model.speculative.method == "eagle3" else "draft"
@@ -411,11 +442,15 @@ class Runner:
                 "TRITON_CACHE_DIR": f"{cache}/triton", "TMPDIR": f"{cache}/tmp"}
 
     def step_vanilla(self, step: Step) -> None:
+        """`vllm serve` with its defaults on the tier's target model in bf16, plus the step's
+        `args` where vanilla needs them (a tensor-parallel size; `--quantization fp8` where bf16
+        does not fit the GPUs)."""
         r = self.resolved()
         port, name = r.instances[0].port, r.profile.model.target
-        cache = self.work / "cache-vanilla"
-        argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", str(self.model_dir),
-                "--load-format", "dummy", "--served-model-name", name, "--port", str(port)]
+        cache = self.work / f"cache-{step.name()}"
+        argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
+                str(self.model_for(r, checkpoint=False)), "--load-format", "dummy",
+                "--served-model-name", name, "--port", str(port), *step.args]
         self.results.setdefault("commands", {})[step.name()] = argv
         self._serve(step.name(), argv, self._cache_env(cache), port, name, step, None, cache)
 
@@ -508,7 +543,8 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     """The summary table (printed last: what the device reply shows), with each config's ratio
     to vanilla, acceptance, and the c=1 share of the memory roofline."""
     runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
-    van = {x["concurrency"]: x for x in runs.get("vanilla", [])}
+    vanilla = next((c for c in runs if c.startswith("vanilla")), "vanilla")
+    van = {x["concurrency"]: x for x in runs.get(vanilla, [])}
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
     lines = [f"{(res.get('info') or {}).get('gpu')}  vLLM {(res.get('info') or {}).get('vllm')}  "
@@ -526,7 +562,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
                          f"{x['tpot_ms_mean']:>7.2f}{al if al else '':>6}")
         c1 = next((x for x in rows if x["concurrency"] == 1), None)
         if bw and c1 and c1["tpot_ms_mean"]:
-            q, kv = (("none", "auto") if cfg == "vanilla"
+            q, kv = ((("fp8" if cfg.endswith("-fp8") else "none"), "auto") if cfg.startswith("vanilla")
                      else (r.profile.model.quantization, r.profile.model.kv_cache_dtype))
             ceiling = bw * 1e12 / decode_bytes_per_token(r.target, q, kv, ctx)
             # Output tokens per second of one stream over what one weight read per token allows:
@@ -539,7 +575,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
                      f"= {rf['fraction']:.0%}")
     base = res.get("greedy", {}).get("draft-off")
     for cfg, g in res.get("greedy", {}).items():
-        if base and cfg not in ("draft-off", "vanilla"):
+        if base and cfg != "draft-off" and not cfg.startswith("vanilla"):
             same = sum(a["text"] == b["text"] for a, b in zip(base, g, strict=False))
             res.setdefault("greedy_vs_draft_off", {})[cfg] = f"{same} of {len(g)} identical"
             lines.append(f"greedy {cfg} vs draft-off: {same} of {len(g)} identical")
