@@ -265,6 +265,18 @@ def unit_failure_cause(root: Any, unit: str, since: str | None = None) -> str | 
     return hits[-1][:300] if hits else None
 
 
+def why_not_serving(root: Any, inst: dict[str, Any]) -> str | None:
+    """None when the instance answers /health; else one line: the cause from its journal, the
+    unit's state, where to look (what the smoke suite, and so verify, reports)."""
+    if port_open(root, inst["port"]) and http(root, inst["port"], "/health").status == 200:
+        return None
+    unit = f"vllm@{inst['name']}.service"
+    cause = unit_failure_cause(root, unit) or "no error in its journal"
+    state = root.run(f"systemctl is-active {unit}").stdout.strip()
+    return (f"{inst['name']} (port {inst['port']}) not serving: {cause} [{unit} {state}; "
+            f"journalctl -u {unit}]")
+
+
 def port_open(root: Any, port: int) -> bool:
     """Whether something listens on the machine's loopback port (curl would fail on a refusal)."""
     return root.run(f"ss -Hltn 'sport = :{port}'").stdout.strip() != ""

@@ -32,6 +32,7 @@ from conftest import (
     traffic_per_instance,
     unit_failure_cause,
     wait_for,
+    why_not_serving,
 )
 
 pytestmark = [pytest.mark.suite("faults"), pytest.mark.serving]
@@ -169,29 +170,43 @@ def test_stack_restarted_under_load(root: Any, profile: dict[str, Any], api_key:
 
 
 
-def test_instance_that_cannot_allocate_memory(root: Any, profile: dict[str, Any], api_key: HostKey,
-                                              public: Public, record_property: Any) -> None:
-    """One instance asks for more memory than the machine has at its start (a KV cache of 1 PB):
-    its journal says so in one line, the smoke suite (what verify runs) names that line, systemd
+# A fault that keeps one instance from starting, as a runtime drop-in (gone at the next boot):
+# (the drop-in's [Service] lines, what its journal line must name, whether only the cpu tier has it)
+CANNOT_START = {
+    # a KV cache of 1 PB: vLLM cannot allocate it (GPU tiers: the GPU machine's own proof)
+    "memory": ("Environment=VLLM_CPU_KVCACHE_SPACE=1000000", r"memory|allocat", True),
+    # the instance's cache directory on a full 64 KiB disk of its own
+    "disk-full": ("TemporaryFileSystem={cache}:size=64k,mode=1777", r"No space left", False),
+}
+
+
+@pytest.mark.parametrize("fault", list(CANNOT_START))
+def test_instance_that_cannot_start(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                    public: Public, record_property: Any, fault: str) -> None:
+    """One instance cannot start (no memory for its KV cache; a full disk under its caches): its
+    journal says why in one line, the smoke suite (what verify runs) names that line, systemd
     keeps retrying it, and the public port serves on the others meanwhile."""
-    if profile["profile"].get("hardware", {}).get("gpu_count"):
-        pytest.skip("the GPU variant (an instance that cannot get its GPU memory) runs on a GPU machine")
+    lines, why, cpu_only = CANNOT_START[fault]
+    if cpu_only and profile["profile"].get("hardware", {}).get("gpu_count"):
+        pytest.skip(f"{fault}: the GPU variant runs on a GPU machine")
     if len(profile["instances"]) < 2:
         pytest.skip("one instance: nothing would serve while it fails")
     inst = profile["instances"][-1]
     unit = f"vllm@{inst['name']}.service"
-    dropin = f"/run/systemd/system/{unit}.d"  # runtime only: gone at the next boot
+    dropin = f"/run/systemd/system/{unit}.d"
     _all_back(root, profile)
     since = root.run("date +@%s").stdout.strip()
     try:
-        conf = "[Service]\\nEnvironment=VLLM_CPU_KVCACHE_SPACE=1000000\\n"  # GiB: a petabyte
+        conf = "[Service]\\n" + lines.format(cache=profile["paths"]["cache"]) + "\\n"
         root.run(f"mkdir -p {dropin} && printf '{conf}' > {dropin}/90-fault.conf && "
                  f"systemctl daemon-reload && systemctl restart --no-block {unit}")
         cause = wait_for(lambda: unit_failure_cause(root, unit, since), timeout=300, every=3)
         assert cause, f"{unit} failed without a line in its journal that says why"
         record_property("cause", cause)
-        print(f"fault memory: {unit}: {cause}")
-        assert re.search(r"memory|allocat", cause, re.I), f"the cause does not name memory: {cause}"
+        print(f"fault {fault}: {unit}: {cause}")
+        assert re.search(why, cause, re.I), f"the cause does not name {fault}: {cause}"
+        problem = why_not_serving(root, inst)  # what the smoke suite reports
+        assert problem and re.search(why, problem, re.I), problem
         served = [http(root, public, "/v1/models", key=api_key).status for _ in range(10)]
         spread = traffic_per_instance(root, profile, api_key, public, 8)
         assert spread[inst["name"]] == 0 and sum(spread.values()) >= 8, spread

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import HostKey, Public, http, port_open, traffic_per_instance, unit_failure_cause
+from conftest import HostKey, Public, http, traffic_per_instance, why_not_serving
 
 pytestmark = pytest.mark.suite("smoke")
 
@@ -38,14 +38,9 @@ def test_every_unit_on_the_request_path_restarts(root: Any, profile: dict[str, A
 
 @pytest.mark.serving
 def test_every_instance_healthy(root: Any, profile: dict[str, Any]) -> None:
-    for inst in profile["instances"]:
-        r = http(root, inst["port"], "/health") if port_open(root, inst["port"]) else None
-        if r is None or r.status != 200:
-            unit = f"vllm@{inst['name']}.service"
-            cause = unit_failure_cause(root, unit) or "no error in its journal"
-            state = root.run(f"systemctl is-active {unit}").stdout.strip()
-            pytest.fail(f"{inst['name']} (port {inst['port']}) not serving: {cause} [{unit} "
-                        f"{state}; journalctl -u {unit}]")
+    problems = [p for p in (why_not_serving(root, i) for i in profile["instances"]) if p]
+    if problems:
+        pytest.fail("; ".join(problems))
 
 
 @pytest.mark.serving

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, edit
 
+from inference_image import render as render_mod
 from inference_image.profiles import list_tiers, resolve
 from inference_image.render import RenderError, render
 
@@ -165,3 +166,18 @@ def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
            tmp_path)
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # read by the plugin's register()
+
+
+def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
+    """An instance whose cache disk has less than the rendered minimum free stops at once with a
+    line that names it (the fault suite greps the journal for it), instead of failing mid-compile."""
+    monkeypatch.setitem(render_mod.LIMITS, "min_cache_free_mib", 10**12)  # more than any disk
+    render(resolve("h100", ROOT / "profiles"), tmp_path)
+    r = run_unit(tmp_path, "vllm-0", TMPDIR=str(tmp_path / "tmp"), MODEL_PATH="/m",
+                 INFERENCE_PYTHON="python3")
+    assert r.returncode == 1
+    assert "No space left for vLLM's compile cache" in r.stderr and str(tmp_path / "tmp") in r.stderr
+    monkeypatch.setitem(render_mod.LIMITS, "min_cache_free_mib", 1)
+    render(resolve("h100", ROOT / "profiles"), tmp_path)
+    assert run_unit(tmp_path, "vllm-0", TMPDIR=str(tmp_path / "tmp"), MODEL_PATH="/m",
+                    INFERENCE_PYTHON="python3").returncode == 0

@@ -46,8 +46,12 @@ PATHS = {
 MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint")
 SERVICE_USER = "inference"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
-# instance may take to start (cold compile), open files per service, node exporter's port.
-LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100}
+# instance may take to start (cold compile), open files per service, node exporter's port, the
+# free space an instance needs beside its caches.
+LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100,
+          # an instance does not start with less free beside its compile cache: it would fail
+          # later, mid-compile, with a less clear error
+          "min_cache_free_mib": 256}
 
 
 class RenderError(Exception):
