@@ -251,18 +251,22 @@ def pending_security_updates(root: Any) -> list[str]:
     return [ln for ln in sim.stdout.splitlines() if ln.startswith("Inst ") and "securi" in ln.lower()]
 
 
-CAUSE = re.compile(r"(No space left|out of memory|Cannot allocate|can't allocate|OutOfMemory|"
-                   r"Error|error:|Exception|Killed|core dumped)")
+CAUSE = re.compile(r"No space left|out of memory|Cannot allocate|can't allocate|OutOfMemory|"
+                   r"MemoryError|[A-Za-z]+Error:|Exception:| ERROR |Killed|core dumped")
+NOT_A_CAUSE = re.compile(r" (WARNING|INFO|DEBUG) |^\s*(File |\^|Traceback)")
+# what a root cause says, as against "initialization failed, see above"
+ROOT_CAUSE = re.compile(r"No space left|memory|allocat|Permission denied|No such file|not found",
+                        re.I)
 
 
 def unit_failure_cause(root: Any, unit: str, since: str | None = None) -> str | None:
     """The last line of a unit's journal that says why it failed (an error, a full disk, memory),
-    or None. since: a journalctl --since value (e.g. "@1700000000")."""
+    or None; warnings do not count. since: a journalctl --since value (e.g. "@1700000000")."""
     window = f"--since {shlex.quote(since)}" if since else "-n 300"
     out = root.run(f"journalctl -u {shlex.quote(unit)} {window} --no-pager -o cat").stdout
-    hits = [ln.strip() for ln in out.splitlines()
-            if CAUSE.search(ln) and not ln.lstrip().startswith(("File ", "^", "Traceback"))]
-    return hits[-1][:300] if hits else None
+    hits = [ln.strip() for ln in out.splitlines() if CAUSE.search(ln) and not NOT_A_CAUSE.search(ln)]
+    best = [ln for ln in hits if ROOT_CAUSE.search(ln)] or hits
+    return best[-1][:300] if best else None
 
 
 def why_not_serving(root: Any, inst: dict[str, Any]) -> str | None:

@@ -1,7 +1,8 @@
 """marketplace: the sealed image (after sysprep, before any boot from it) against the checks of
 DigitalOcean's Marketplace validation script (99-img-check.sh in digitalocean/marketplace-partners),
 written here from its list, one test per check, named after it. Run it between sysprep and the
-first boot (the molecule scenario does); on a booted machine it fails at once and says so. A
+first boot (the molecule scenario does); on a booted machine it skips and says why (and verify
+fails a suite that passed nothing). A
 Packer build cannot reach the image over SSH once it is sealed (sysprep removed the keys), so there
 the same list is checked on the machine by the sysprep role's inference-sysprep-check, which fails
 the build."""
@@ -25,8 +26,10 @@ HISTORIES = (".bash_history", ".python_history", ".mysql_history", ".lesshst", "
 
 @pytest.fixture(scope="module", autouse=True)
 def sealed(root: Any) -> None:
+    # a skip, not a failure: the molecule verifier runs every suite on the unsealed machine too;
+    # `verify --suite marketplace` still fails a run in which the suite passed nothing
     if root.file("/etc/machine-id").content_string.strip():
-        pytest.fail("/etc/machine-id is set: this machine has booted since it was sealed. Run the "
+        pytest.skip("/etc/machine-id is set: this machine has booted since it was sealed. Run the "
                     "marketplace suite between sysprep and the first boot (molecule's side effect)")
 
 
