@@ -252,8 +252,9 @@ def pending_security_updates(root: Any) -> list[str]:
 
 
 CAUSE = re.compile(r"No space left|out of memory|Cannot allocate|can't allocate|OutOfMemory|"
-                   r"MemoryError|[A-Za-z]+Error:|Exception:| ERROR |Killed|core dumped")
-NOT_A_CAUSE = re.compile(r" (WARNING|INFO|DEBUG) |^\s*(File |\^|Traceback)")
+                   r"MemoryError|[A-Za-z]+Error:|Exception:|^ERROR|Killed|core dumped")
+# vLLM's log prefix: "(EngineCore pid=7) ERROR 11-23 14:44:17 [core.py:1510] message"
+VLLM_PREFIX = re.compile(r"^(\([^)]*\)\s+)?(?P<level>ERROR|WARNING|INFO|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
 # what a root cause says, as against "initialization failed, see above"
 ROOT_CAUSE = re.compile(r"No space left|memory|allocat|Permission denied|No such file|not found",
                         re.I)
@@ -261,11 +262,21 @@ ROOT_CAUSE = re.compile(r"No space left|memory|allocat|Permission denied|No such
 
 def unit_failure_cause(root: Any, unit: str, since: str | None = None) -> str | None:
     """The last line of a unit's journal that says why it failed (an error, a full disk, memory),
-    or None; warnings do not count. since: a journalctl --since value (e.g. "@1700000000")."""
+    or None: warnings and traceback frames do not count, and a root cause ("... memory ...")
+    beats a summary ("see root cause above"). since: a journalctl --since value ("@1700000000")."""
     window = f"--since {shlex.quote(since)}" if since else "-n 300"
     out = root.run(f"journalctl -u {shlex.quote(unit)} {window} --no-pager -o cat").stdout
-    hits = [ln.strip() for ln in out.splitlines() if CAUSE.search(ln) and not NOT_A_CAUSE.search(ln)]
-    best = [ln for ln in hits if ROOT_CAUSE.search(ln)] or hits
+    hits = []
+    for line in out.splitlines():
+        m = VLLM_PREFIX.match(line)
+        if m and m.group("level") != "ERROR":
+            continue
+        msg = line[m.end():] if m else line
+        if not msg.strip() or msg[0].isspace() or msg.startswith(("Traceback", "File ", "^")):
+            continue
+        if CAUSE.search(msg) or (m and ROOT_CAUSE.search(msg)):
+            hits.append(msg.strip())
+    best = [h for h in hits if ROOT_CAUSE.search(h)] or hits
     return best[-1][:300] if best else None
 
 

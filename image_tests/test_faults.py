@@ -177,9 +177,25 @@ def test_stack_restarted_under_load(root: Any, profile: dict[str, Any], api_key:
 CANNOT_START = {
     # a KV cache of 1 PB: vLLM cannot allocate it (GPU tiers: the GPU machine's own proof)
     "memory": ("Environment=VLLM_CPU_KVCACHE_SPACE=1000000", r"memory|allocat", True),
-    # the instance's cache directory on a full 64 KiB disk of its own
-    "disk-full": ("TemporaryFileSystem={cache}:size=64k,mode=1777", r"No space left", False),
+    # the instance's temporary and cache files on a disk with too little room ({small})
+    "disk-full": ("Environment=TMPDIR={small}/tmp", r"No space left", False),
 }
+SMALL_FS = "/run/inference-image-small-disk"
+
+
+def _small_disk(root: Any, profile: dict[str, Any]) -> str | None:
+    """A directory on a file system with less free space than an instance needs: a 1 MiB tmpfs
+    where this machine lets root mount one, else /dev where it is that small (a podman
+    container's /dev is a 64 MiB tmpfs, and mounting is not allowed there)."""
+    need = profile["limits"]["min_cache_free_mib"]
+    if root.run(f"mkdir -p {SMALL_FS} && mount -t tmpfs -o size=1m,mode=1777 tmpfs {SMALL_FS}").rc == 0:
+        return SMALL_FS
+    free = root.run("df -Pm /dev | awk 'NR == 2 { print $4 }'").stdout.strip()
+    if free.isdigit() and int(free) < need:
+        d = "/dev/inference-image-small-disk"
+        root.run(f"mkdir -p {d} && chmod 1777 {d}")
+        return d
+    return None
 
 
 @pytest.mark.parametrize("fault", list(CANNOT_START))
@@ -197,9 +213,12 @@ def test_instance_that_cannot_start(root: Any, profile: dict[str, Any], api_key:
     unit = f"vllm@{inst['name']}.service"
     dropin = f"/run/systemd/system/{unit}.d"
     _all_back(root, profile)
+    small = _small_disk(root, profile) if "{small}" in lines else ""
+    if small is None:
+        pytest.skip("no file system small enough to stand for a full disk on this machine")
     since = root.run("date +@%s").stdout.strip()
     try:
-        conf = "[Service]\\n" + lines.format(cache=profile["paths"]["cache"]) + "\\n"
+        conf = "[Service]\\n" + lines.format(small=small) + "\\n"
         root.run(f"mkdir -p {dropin} && printf '{conf}' > {dropin}/90-fault.conf && "
                  f"systemctl daemon-reload && systemctl restart --no-block {unit}")
         cause = wait_for(lambda: unit_failure_cause(root, unit, since), timeout=300, every=3)
@@ -219,6 +238,8 @@ def test_instance_that_cannot_start(root: Any, profile: dict[str, Any], api_key:
             f"systemd stopped retrying {unit}"
     finally:
         root.run(f"rm -rf {dropin} && systemctl daemon-reload && systemctl restart --no-block {unit}")
+        if small:
+            root.run(f"umount {SMALL_FS} 2>/dev/null; rm -rf {small}")
     _all_back(root, profile)
 
 
