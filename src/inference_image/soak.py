@@ -44,17 +44,19 @@ stop = threading.Event()
 out = open(cfg["out"], "a", buffering=1)
 
 def rss_mib(unit):
-    total, base = 0, f"/sys/fs/cgroup/system.slice/{unit}"
-    for d, _, files in os.walk(base):
-        if "cgroup.procs" not in files:
+    # the unit's processes by their cgroup (cgroup v1 or v2 alike), their resident sets summed
+    total, mark = 0, f"/system.slice/{unit}"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
             continue
-        for pid in open(os.path.join(d, "cgroup.procs")).read().split():
-            try:
-                for line in open(f"/proc/{pid}/status"):
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except OSError:
-                pass
+        try:
+            if mark not in open(f"/proc/{pid}/cgroup").read():
+                continue
+            for line in open(f"/proc/{pid}/status"):
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
     return round(total / 1024, 1)
 
 def worker(n):
