@@ -44,8 +44,9 @@ stop = threading.Event()
 out = open(cfg["out"], "a", buffering=1)
 
 def rss_mib(unit):
-    # the unit's processes by their cgroup (cgroup v1 or v2 alike), their resident sets summed
-    total, mark = 0, f"/system.slice/{unit}"
+    # the unit's processes by their cgroup (v1 or v2 alike; a template unit sits in its own
+    # slice, system-vllm.slice), their resident sets summed
+    total, mark = 0, f"/{unit}"
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
