@@ -177,9 +177,13 @@ def wait_for(fn: Any, timeout: float, every: float = 2.0) -> Any:
 
 
 def served_per_instance(root: Any, profile: dict[str, Any]) -> dict[str, float]:
-    """Requests each instance has completed, from its own vLLM counter (loopback port)."""
+    """Requests each instance has completed, from its own vLLM counter (loopback port); 0 for
+    an instance that is down (its counter starts again from 0 when it comes back)."""
     out = {}
     for inst in profile["instances"]:
+        if not port_open(root, inst["port"]):
+            out[inst["name"]] = 0.0
+            continue
         text = http(root, inst["port"], "/metrics").body
         out[inst["name"]] = sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
                                 if ln.startswith("vllm:request_success_total"))

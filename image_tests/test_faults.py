@@ -221,7 +221,10 @@ def test_instance_that_cannot_start(root: Any, profile: dict[str, Any], api_key:
         conf = "[Service]\\n" + lines.format(small=small) + "\\n"
         root.run(f"mkdir -p {dropin} && printf '{conf}' > {dropin}/90-fault.conf && "
                  f"systemctl daemon-reload && systemctl restart --no-block {unit}")
-        cause = wait_for(lambda: unit_failure_cause(root, unit, since), timeout=300, every=3)
+        # the old process's shutdown logs errors of its own first: wait for the new start's cause
+        wait_for(lambda: re.search(why, unit_failure_cause(root, unit, since) or "", re.I),
+                 timeout=300, every=3)
+        cause = unit_failure_cause(root, unit, since)
         assert cause, f"{unit} failed without a line in its journal that says why"
         record_property("cause", cause)
         print(f"fault {fault}: {unit}: {cause}")
