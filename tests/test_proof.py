@@ -69,14 +69,56 @@ def test_acceptance_length_on_a_profile_without_speculation_is_refused(tmp_path:
 def test_plan_round_trips_and_names_as_imaged_configs(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "plan.json"
-    assert cli.main(["proof", "plan", "--acceptance-lengths", "2.5,1,4", "--write", str(f)]) == 0
+    assert cli.main(["proof", "plan", "--write", str(f)]) == 0
     plan = proof.Plan.from_json(f.read_text())
     names = [s.name() for s in plan.steps]
-    assert names == ["info", "bandwidth", "models", "vanilla", "draft-off", "as-imaged-L2.5",
+    # h100: EAGLE-3 with 3 draft tokens at the head's published acceptance (0.74, 0.54, 0.41: a
+    # mean of 2.69 tokens a step), then the worst and best a 3-token draft can do
+    assert names == ["info", "bandwidth", "models", "vanilla", "draft-off", "as-imaged-L2.69",
                      "as-imaged-L1", "as-imaged-L4", "assemble"]
     assert plan.steps[4].sets == proof.NO_DRAFT
+    assert plan.steps[5].acceptance_rates == (0.74, 0.54, 0.41)
     assert plan.steps[5].concurrency == () and plan.steps[6].concurrency == (1, 4, 16, 64)
     assert proof.Plan.from_json(plan.to_json()) == plan
+    assert cli.main(["proof", "plan", "--acceptance-lengths", "2.5", "--write", str(f)]) == 0
+    names = [s.name() for s in proof.Plan.from_json(f.read_text()).steps]
+    assert names[5:7] == ["as-imaged-L2.69", "as-imaged-L2.5"]
+
+
+def test_published_acceptance_follows_the_number_of_draft_tokens(tmp_path: Path) -> None:
+    two = resolve("h100", overrides=["model.speculative.num_speculative_tokens=2"])
+    assert proof.published_rates(two) == (0.74, 0.54) and proof.mean_length((0.74, 0.54)) == 2.28
+    eight = resolve("h100", overrides=["model.speculative.num_speculative_tokens=8"])
+    with pytest.raises(proof.ProofError, match=r"7 published acceptance figures.*drafts 8"):
+        proof.published_rates(eight)
+    out = tmp_path / "r"
+    render(two, out)
+    args = out / "etc/inference-image/units/vllm-0.args"
+    proof.with_acceptance(args, rates=proof.published_rates(two))
+    lines = args.read_text().splitlines()
+    cfg = json.loads(lines[lines.index("--speculative-config") + 1])
+    assert cfg["synthetic_acceptance_rates"] == [0.74, 0.54]
+    assert "synthetic_acceptance_length" not in cfg and cfg["num_speculative_tokens"] == 2
+
+
+@pytest.mark.parametrize("value", ["0.5,0.7", "1.2", "a,b", ""])
+def test_bad_acceptance_rates_are_one_line(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["proof", "step", "profile", "--acceptance-rates", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--acceptance-rates" in err and "Traceback" not in err
+
+
+def test_catalog_refuses_increasing_acceptance(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from inference_image.schema import CatalogModel
+    base = {"params_b": 1, "num_layers": 1, "hidden_size": 8, "num_attention_heads": 1,
+            "num_kv_heads": 1, "head_dim": 8, "vocab_size": 8, "max_position_embeddings": 8}
+    CatalogModel(**base, acceptance_per_position=[0.7, 0.5])
+    with pytest.raises(ValidationError, match="must not increase"):
+        CatalogModel(**base, acceptance_per_position=[0.5, 0.7])
 
 
 def test_bad_plan_and_bad_step_names_are_one_line(tmp_path: Path,

@@ -15,6 +15,7 @@ the JSON docs/benchmarks/ keeps (one document, written by the `assemble` step).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -79,6 +80,10 @@ class Step:
     label: str = ""
     sets: tuple[str, ...] = ()
     acceptance_length: float | None = None
+    # per-position unconditional acceptance (vLLM's synthetic_acceptance_rates), one per draft token
+    acceptance_rates: tuple[float, ...] = ()
+    # the draft's published figures (catalog), cut to the rendered number of draft tokens
+    published_acceptance: bool = False
     concurrency: tuple[int, ...] = ()
     args: tuple[str, ...] = ()  # vanilla only: vLLM arguments beside its defaults
 
@@ -107,6 +112,8 @@ class Plan:
             steps.append(Step(kind=s["kind"], label=s.get("label", ""),
                               sets=tuple(s.get("sets", ())),
                               acceptance_length=s.get("acceptance_length"),
+                              acceptance_rates=tuple(s.get("acceptance_rates", ())),
+                              published_acceptance=bool(s.get("published_acceptance", False)),
                               concurrency=tuple(s.get("concurrency", ())),
                               args=tuple(s.get("args", ()))))
         return cls(tier=d.get("tier", "h100"),
@@ -118,10 +125,31 @@ class ProofError(Exception):
     pass
 
 
-def standard_plan(tier: str, lengths: list[float], concurrency: tuple[int, ...],
+def published_rates(r: Resolved) -> tuple[float, ...]:
+    """The draft's published per-position acceptance, cut to the profile's draft tokens: a chain of
+    k tokens accepts the first k positions of a longer chain's figures."""
+    spec, draft = r.profile.model.speculative, r.draft
+    if draft is None:
+        raise ProofError(f"tier {r.profile.tier} speculates with {spec.method}, no draft model: "
+                         "it has no published acceptance (give --acceptance-length)")
+    k, got = spec.num_speculative_tokens, draft.acceptance_per_position or []
+    if len(got) < k:
+        raise ProofError(f"{spec.draft}: the catalog has {len(got)} published acceptance figures, "
+                         f"the profile drafts {k} tokens. Fix: add acceptance_per_position (and "
+                         "acceptance_source) to its catalog entry, or give --acceptance-length")
+    return tuple(got[:k])
+
+
+def mean_length(rates: tuple[float, ...]) -> float:
+    """Mean tokens a step emits: the target's own token plus each accepted draft position."""
+    return round(1 + sum(rates), 2)
+
+
+def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int, ...],
                   short: tuple[int, ...]) -> Plan:
-    """vanilla, then the profile as imaged: without its draft and at each acceptance length (the
-    first at every concurrency, the others at `short`), or once where the tier does not speculate.
+    """vanilla, then the profile as imaged: without its draft, at the draft's published acceptance
+    (every concurrency), and at each of `lengths` (`short` concurrencies; default: 1.0, where no
+    draft token is accepted, and k+1, where every one is); or once where the tier does not speculate.
     Vanilla is `vllm serve` on the tier's GPUs: bf16, or `--quantization fp8` (the plain FP8 a
     user would try first) where bf16 weights do not fit them; tensor parallel over all of them."""
     r = resolve(tier)
@@ -136,9 +164,15 @@ def standard_plan(tier: str, lengths: list[float], concurrency: tuple[int, ...],
         steps.append(Step("profile", label="as-imaged"))
     else:
         steps.append(Step("profile", label="draft-off", sets=NO_DRAFT))
-        for i, length in enumerate(lengths):
+        k = r.profile.model.speculative.num_speculative_tokens
+        rates = published_rates(r) if r.draft and r.draft.acceptance_per_position else ()
+        if rates:
+            steps.append(Step("profile", label=f"as-imaged-L{mean_length(rates):g}",
+                              acceptance_rates=rates))
+        for length in (lengths if lengths is not None else [1.0, k + 1.0]):
+            full = not rates and length == (lengths or [1.0])[0]
             steps.append(Step("profile", label=f"as-imaged-L{length:g}", acceptance_length=length,
-                              concurrency=() if i == 0 else short))
+                              concurrency=() if full else short))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
 
@@ -271,9 +305,10 @@ def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> di
     return made
 
 
-def with_acceptance(args_file: Path, length: float) -> None:
-    """Add vLLM's synthetic rejection sampling at `length` to the rendered speculative config:
-    the one change a proof makes to the command line the image runs."""
+def with_acceptance(args_file: Path, length: float | None = None,
+                    rates: tuple[float, ...] = ()) -> None:
+    """Add vLLM's synthetic rejection sampling at a mean `length` or per-position `rates` to the
+    rendered speculative config: the one change a proof makes to the command line the image runs."""
     lines = args_file.read_text().splitlines()
     try:
         i = lines.index("--speculative-config")
@@ -281,7 +316,11 @@ def with_acceptance(args_file: Path, length: float) -> None:
         raise ProofError(f"{args_file} has no --speculative-config: the profile speculates "
                          "with no draft, so an acceptance length means nothing") from None
     cfg = json.loads(lines[i + 1])
-    cfg.update({"rejection_sample_method": "synthetic", "synthetic_acceptance_length": length})
+    cfg["rejection_sample_method"] = "synthetic"
+    if rates:
+        cfg["synthetic_acceptance_rates"] = list(rates)
+    else:
+        cfg["synthetic_acceptance_length"] = length
     lines[i + 1] = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
     args_file.write_text("\n".join(lines) + "\n")
 
@@ -480,8 +519,9 @@ class Runner:
         render(r, rdir)
         inst = r.instances[0]
         units = rdir / "etc/inference-image/units"
-        if step.acceptance_length is not None:
-            with_acceptance(units / f"{inst.name}.args", step.acceptance_length)
+        rates = published_rates(r) if step.published_acceptance else step.acceptance_rates
+        if step.acceptance_length is not None or rates:
+            with_acceptance(units / f"{inst.name}.args", step.acceptance_length, rates)
         self._plugin(units / f"{inst.name}.env")
         # One compile cache per render: a synthetic acceptance length changes no graph, so the
         # lengths after the first start warm (their ready time says so).
@@ -494,7 +534,8 @@ class Runner:
         dry = subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
                              capture_output=True, text=True, check=False)
         self.results.setdefault("commands", {})[label] = {
-            "sets": list(step.sets), "acceptance_length": step.acceptance_length,
+            "sets": list(step.sets), "acceptance_length": step.acceptance_length or (
+                mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             "profile_sha256": r.digest, "argv": dry.stdout.strip()}
         return r, runner, env, inst.port, cache
 
@@ -592,6 +633,23 @@ def _floats(s: str) -> list[float]:
     return bench.comma_list(s, float, "an acceptance length is >= 1 (1 = no draft token accepted)")
 
 
+def _rates(s: str) -> list[float]:
+    try:
+        rates = [float(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated shares 0-1") from None
+    if not rates or any(not 0 <= x <= 1 for x in rates) or any(b > a for a, b in itertools.pairwise(rates)):
+        raise argparse.ArgumentTypeError(f"{s}: each share 0-1, none above the one before it "
+                                         "(a token is accepted only after those before it)")
+    return rates
+
+
+def _rates_arg(s: str) -> str:
+    if s != "published":
+        _rates(s)
+    return s
+
+
 def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
     for flag, path in (("--out", Path(args.out)), ("--work", Path(args.work))):
         if path.exists() and not path.is_dir():
@@ -640,8 +698,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_step(args: argparse.Namespace) -> int:
+    if args.acceptance_length is not None and args.acceptance_rates:
+        print("error: give --acceptance-length or --acceptance-rates, not both", file=sys.stderr)
+        return 2
+    published = args.acceptance_rates == "published"
     step = Step(kind=args.kind, label=args.label or "", sets=tuple(args.set),
-                acceptance_length=args.acceptance_length,
+                acceptance_length=args.acceptance_length, published_acceptance=published,
+                acceptance_rates=() if published or not args.acceptance_rates else tuple(
+                    _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()))
     plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step])
     return _start(args, plan)
@@ -666,7 +730,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = psub.add_parser("plan", help="write the standard plan (vanilla, draft-off, as imaged at "
                         "each acceptance length)")
     common(p)
-    p.add_argument("--acceptance-lengths", type=_floats, default=[2.5, 1.0, 4.0])
+    p.add_argument("--acceptance-lengths", type=_floats, default=None,
+                   help="mean lengths measured beside the draft's published acceptance "
+                   "(default: 1.0 and k+1, the worst and best a k-token draft can do)")
     p.add_argument("--short-concurrency", type=bench._ints, default=[1, 4, 16, 64],
                    help="concurrencies of every acceptance length after the first")
     p.add_argument("--write", metavar="FILE")
@@ -687,5 +753,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--label")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--acceptance-length", type=float)
+    p.add_argument("--acceptance-rates", type=_rates_arg, metavar="published|R1,R2,...",
+                   help="per-position acceptance: the draft's published figures (catalog) or "
+                   "shares, one per draft token")
     p.add_argument("--step-concurrency", type=bench._ints)
     p.set_defaults(func=cmd_step)

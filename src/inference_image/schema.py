@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, field_validator
@@ -41,6 +42,21 @@ class CatalogModel(Strict):
     local_config: str | None = Field(
         None, description="for test models: the script that writes config + tokenizer locally"
     )
+    # A draft's or EAGLE head's published acceptance with its target, so the proof can set vLLM's
+    # synthetic rejection sampling to it (random weights accept nothing on their own).
+    acceptance_per_position: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
+        None, description="unconditional: entry i is the share of drafts whose first i+1 tokens "
+        "were all accepted (what vLLM logs as 'acceptance at token i')")
+    acceptance_source: str | None = Field(None, description="where the figures were published, "
+                                          "on which dataset and settings")
+
+    @field_validator("acceptance_per_position")
+    @classmethod
+    def _non_increasing(cls, v: list[float] | None) -> list[float] | None:
+        if v and any(b > a for a, b in itertools.pairwise(v)):
+            raise ValueError("must not increase from one position to the next (a token is "
+                             "accepted only after every token before it)")
+        return v
 
 
 class Catalog(Strict):

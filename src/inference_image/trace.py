@@ -74,9 +74,12 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     kernel_total = sum(by_kind.values())
     kernels = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
     notes: dict[str, list[float]] = defaultdict(list)
+    host: dict[str, list[float]] = defaultdict(list)  # record_function ranges: time on the CPU
     for e in events:
         if e.get("cat") == "gpu_user_annotation" and "dur" in e:
             notes[e["name"]].append(e["dur"])
+        elif e.get("cat") == "user_annotation" and "dur" in e:
+            host[e["name"]].append(e["dur"])
     launches: dict[str, int] = defaultdict(int)
     for e in events:
         if e.get("cat") == "cuda_runtime" and e.get("name") in (
@@ -95,6 +98,8 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
                         for (n, c), d in kernels],
         "annotations": {n: {"calls": len(d), "mean_ms": round(sum(d) / len(d) / 1e3, 3)}
                         for n, d in sorted(notes.items(), key=lambda kv: -sum(kv[1]))[:top]},
+        "host_annotations": {n: {"calls": len(d), "mean_ms": round(sum(d) / len(d) / 1e3, 3)}
+                             for n, d in sorted(host.items(), key=lambda kv: -sum(kv[1]))[:top]},
         "launches": dict(launches),
     }
 
@@ -109,4 +114,6 @@ def table(s: dict[str, Any]) -> str:
               f"{k['name']}" for k in s["top_kernels"][:12]]
     lines += [f"  step {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
               list(s["annotations"].items())[:10]]
+    lines += [f"  host {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
+              list(s.get("host_annotations", {}).items())[:10]]
     return "\n".join(lines)

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 2ebe24c1a25008b259c076a7c7961fa126b237382be0dac934f39021db736490): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 ef3678f65ea236959c157f8e4589a498d4aa7ce6205d234166df7a51e13c9a8a): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "2ebe24c1a25008b259c076a7c7961fa126b237382be0dac934f39021db736490"
+profile_sha256 = "ef3678f65ea236959c157f8e4589a498d4aa7ce6205d234166df7a51e13c9a8a"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

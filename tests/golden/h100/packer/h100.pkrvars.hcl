@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 94345786ddda3784d31f0ce013766dd11e236b0355999189b7c3b1c47d988d89): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 a4e22c24cc74610098925d2bb72b9ee7e3c2823ede53488cfe9485334ba0b906): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "94345786ddda3784d31f0ce013766dd11e236b0355999189b7c3b1c47d988d89"
+profile_sha256 = "a4e22c24cc74610098925d2bb72b9ee7e3c2823ede53488cfe9485334ba0b906"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

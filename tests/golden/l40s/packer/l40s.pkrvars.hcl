@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 dc74fb4062af8ccc7ab6f618d46105b69e1c11570dec216fbc1a588fd90ea9e6): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 e3b2f20bbec4cd58522abbefa877003cdecb2bfdfb000a1a6b4758d0885ef44b): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "dc74fb4062af8ccc7ab6f618d46105b69e1c11570dec216fbc1a588fd90ea9e6"
+profile_sha256 = "e3b2f20bbec4cd58522abbefa877003cdecb2bfdfb000a1a6b4758d0885ef44b"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

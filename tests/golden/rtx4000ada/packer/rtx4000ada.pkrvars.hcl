@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 c9ed6e6acde974367a051d1569ab0c9bfd704a76288adae22ba711d05ec9becc): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 cd8e9a21eb29c8255a692c6a23aa0f1cbb90264ab5a77d1a1f0e1fd55f831247): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "c9ed6e6acde974367a051d1569ab0c9bfd704a76288adae22ba711d05ec9becc"
+profile_sha256 = "cd8e9a21eb29c8255a692c6a23aa0f1cbb90264ab5a77d1a1f0e1fd55f831247"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 e6462d1f906a46ede4b1a6f3f49b7cfc7cd59823bb11b31e94b69f0cf67bcb82): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 75b58ed1814e624eecad487fd8c0f9e9d51fcaa8c20baa503c70c5a3856f50c4): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "e6462d1f906a46ede4b1a6f3f49b7cfc7cd59823bb11b31e94b69f0cf67bcb82"
+profile_sha256 = "75b58ed1814e624eecad487fd8c0f9e9d51fcaa8c20baa503c70c5a3856f50c4"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
