@@ -177,3 +177,31 @@ def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     assert runner.model_for(h200, checkpoint=False) == Path(made["70b"])
     assert runner.model_for(h100) == Path(made["fp8static"])
     assert runner.model_for(h100, checkpoint=False) == base
+
+
+@pytest.mark.parametrize(("draft_vocab", "owns"), [(32000, True), (128256, False), (None, False)])
+def test_weightless_eagle_head_keeps_its_own_lm_head(tmp_path: Path, draft_vocab: int | None,
+                                                     owns: bool) -> None:
+    """The stand-in correction, against a module of the same name and shape as vLLM's: a head with
+    a draft vocabulary of its own is marked as owning its lm_head (vLLM would otherwise lend it
+    the target's, 4x the bytes); one without keeps vLLM's default."""
+    import subprocess
+    import sys
+    pkg = tmp_path / "vllm/model_executor/models"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm/model_executor", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "llama_eagle3.py").write_text(
+        "import types\n"
+        "class Eagle3LlamaForCausalLM:\n"
+        "    has_own_lm_head = False\n"
+        "    def __init__(self, draft_vocab_size):\n"
+        "        self.config = types.SimpleNamespace(vocab_size=128256, hidden_size=4096,\n"
+        "                                            draft_vocab_size=draft_vocab_size)\n")
+    code = ("from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM as C\n"
+            f"print(C({draft_vocab!r}).has_own_lm_head)")
+    env = {"PYTHONPATH": f"{proof.STANDIN}:{tmp_path}", "PATH": "/usr/bin:/bin"}
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert got.stdout.strip() == str(owns)
+    assert ("keeps its own lm_head (32000 x 4096)" in got.stderr) == owns

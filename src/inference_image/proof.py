@@ -38,6 +38,7 @@ from .render import render
 
 StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "trace", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
+STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
@@ -527,6 +528,10 @@ class Runner:
         # lengths after the first start warm (their ready time says so).
         cache = self.work / f"cache-{r.digest[:12]}"
         env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
+               # the stand-ins' one correction (standin/sitecustomize.py): a weightless EAGLE-3
+               # head keeps the lm_head its checkpoint has instead of borrowing the target's
+               "PYTHONPATH": os.pathsep.join(x for x in (str(STANDIN), os.environ.get(
+                   "PYTHONPATH", "")) if x),
                "MODEL_PATH": str(self.model_for(r)), "DRAFT_PATH": str(self.draft_for(r)),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
                **self._cache_env(cache)}

@@ -30,7 +30,7 @@ from inference_image_vllm import attention  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 HEADS, KV_HEADS, HEAD = 32, 8, 128  # Llama-3.1-8B
-BLOCK, BLOCKS = 16, 512
+BLOCK, BLOCKS = 16, 2048  # 8 sequences of up to 2,050 tokens: 129 blocks each
 MAX_TOKENS = 8  # the h100 profile's serving.triton_decode_max_tokens
 # context lengths (tokens already cached) of the sequences a step may use: one token, a block
 # boundary, mid-length and long enough for Triton's split-KV segments
