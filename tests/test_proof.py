@@ -198,8 +198,11 @@ def test_weightless_eagle_head_keeps_its_own_lm_head(tmp_path: Path, draft_vocab
         "    def __init__(self, draft_vocab_size):\n"
         "        self.config = types.SimpleNamespace(vocab_size=128256, hidden_size=4096,\n"
         "                                            draft_vocab_size=draft_vocab_size)\n")
-    code = ("from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM as C\n"
-            f"print(C({draft_vocab!r}).has_own_lm_head)")
+    code = ("import inspect\n"
+            "from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM as C\n"
+            "assert list(inspect.signature(C.__init__).parameters) == ['self', "
+            "'draft_vocab_size'], 'vLLM picks arguments by this signature'\n"
+            f"print(C(draft_vocab_size={draft_vocab!r}).has_own_lm_head)")
     env = {"PYTHONPATH": f"{proof.STANDIN}:{tmp_path}", "PATH": "/usr/bin:/bin"}
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)

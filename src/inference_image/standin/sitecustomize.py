@@ -12,6 +12,7 @@ checkpoint would make it.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -24,6 +25,8 @@ def _patch(module: Any) -> None:
     cls = module.Eagle3LlamaForCausalLM
     init = cls.__init__
 
+    # wraps: vLLM picks the constructor's arguments by its signature (`vllm_config=`)
+    @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         cfg = self.config
