@@ -458,7 +458,10 @@ class Runner:
 
     def _serve(self, label: str, argv: list[str], env: dict[str, str], port: int, model: str,
                step: Step, r: Resolved | None, cache: Path) -> None:
-        warm = (cache / "vllm").exists()  # vLLM's compile cache; inference-run makes tmp/ itself
+        # warm only where a start compiled into it: a start that failed early leaves the folder
+        # empty (run 12 called a compiling start warm that way)
+        compiled = cache / "vllm" / "torch_compile_cache"
+        warm = compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
         srv = start(argv, env, log, port)
