@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public, http, tcp_open, wait_for
 
+from inference_image.render import FIREWALL_TABLE
+
 pytestmark = [pytest.mark.suite("security"), pytest.mark.serving]
 
 # Every route vLLM's OpenAI server and vllm-router expose (and one that exists nowhere): each must
@@ -137,8 +139,8 @@ def test_internal_ports_unreachable_from_outside(profile: dict[str, Any], outsid
 
 
 def test_firewall_denies_by_default(root: Any) -> None:
-    rules = root.run("nft list chain inet inference_image input")
-    assert rules.rc == 0, "no inference_image input chain loaded"
+    rules = root.run(f"nft list chain inet {FIREWALL_TABLE} input")
+    assert rules.rc == 0, f"no {FIREWALL_TABLE} input chain loaded"
     assert "policy drop" in rules.stdout
 
 

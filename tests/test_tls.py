@@ -121,10 +121,13 @@ def test_rate_limit_per_client_address(tmp_path: Path) -> None:
 def test_sysprep_removes_every_per_machine_file(tmp_path: Path) -> None:
     r, root = _render(tmp_path), tmp_path / "root"
     assert _boot(r, root).returncode == 0
+    # and what a machine with a domain has: user-data's ACME settings, inference-acme's account
+    _at(root, "acme_conf").write_text("domain=llm.example.com\nemail=ops@example.com\n")
+    (_at(root, "acme_state") / "accounts").mkdir(parents=True)
     extra = json.loads((r / "ansible/extra-vars.json").read_text())
     assert extra["sysprep_machine_files"] == [PATHS[k] for k in MACHINE_FILES]
     made = [PATHS[k] for k in MACHINE_FILES if _at(root, k).exists()]
-    assert made == [PATHS[k] for k in MACHINE_FILES], "first boot did not make every file"
+    assert made == [PATHS[k] for k in MACHINE_FILES], "a per-machine file is missing"
     check = subprocess.run(
         ["bash", str(ROOT / "roles/sysprep/files/inference-sysprep-check")],
         env={**os.environ, "SYSPREP_FORBIDDEN_FILE": "",

@@ -41,9 +41,18 @@ PATHS = {
     "tls_mode": "/etc/inference-image/tls-mode",
     "public_listen": "/etc/inference-image/public-listen.nginx",
     "endpoint": "/etc/inference-image/endpoint.json",
+    # a certificate from an ACME CA (Let's Encrypt) for a domain user-data names in acme_conf
+    "acme_conf": "/etc/inference-image/acme",
+    "acme_state": "/var/lib/inference-image/acme",
+    "acme_run": "/usr/local/sbin/inference-acme",
 }
-# What first boot makes on each machine, and sysprep removes before a snapshot.
-MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint")
+# What first boot makes on each machine (and the ACME account, certificate and request that
+# belong to one machine's domain), and sysprep removes before a snapshot.
+MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint",
+                 "acme_conf", "acme_state")
+# The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
+# the machine (HTTP-01), and only then.
+FIREWALL_TABLE = "inference_image"
 SERVICE_USER = "inference"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
 # instance may take to start (cold compile), open files per service, node exporter's port, the
@@ -257,6 +266,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "vllm_router_version": v.vllm_router,
         "models_list": models_list(r),
         "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
+        "firewall_table": FIREWALL_TABLE,
         "sysprep_machine_files": machine_files(),
         "base_nofile_limit": LIMITS["nofile"],
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
@@ -293,6 +303,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
+           "firewall_table": FIREWALL_TABLE,
            "digest": r.digest, "listen": listen_address(r), "limits": LIMITS}
     out: dict[str, tuple[str, int]] = {}
 
@@ -304,7 +315,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
         tpl("etc/inference-image/units/unit.args.j2", f"etc/inference-image/units/{u.name}.args",
             u=u)
     for name in ("vllm@.service", "vllm-router.service", "inference.target",
-                 "inference-firstboot.service"):
+                 "inference-firstboot.service", "inference-acme.service", "inference-acme.timer"):
         tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
     tpl("etc/systemd/system/nginx.service.d/inference-image.conf.j2",
         "etc/systemd/system/nginx.service.d/inference-image.conf")
@@ -314,6 +325,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("etc/update-motd.d/90-inference-image.j2", "etc/update-motd.d/90-inference-image", 0o755)
     tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
+    tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
     out["etc/inference-image/profile.json"] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)

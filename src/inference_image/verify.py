@@ -27,7 +27,7 @@ from .render import PATHS
 
 T = TypeVar("T")
 
-SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults", "marketplace")
+SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults", "marketplace", "acme")
 PROFILE_JSON = PATHS["profile_json"]
 
 
@@ -278,7 +278,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     vp.add_argument("--profile", required=True, metavar="TIER", help="the tier the machine should be")
     vp.add_argument("--suite", action="append", choices=SUITES, metavar="SUITE",
                     help=f"repeatable; one of {', '.join(SUITES)} (default: smoke, security, "
-                         "hygiene, and gpu on GPU tiers; faults and marketplace only when asked)")
+                         "hygiene, and gpu on GPU tiers; faults, marketplace and acme only when asked)")
     vp.add_argument("--user", default="root", help="SSH user (sudo is used when not root)")
     vp.add_argument("--identity", help="SSH private key (default: the agent, then ~/.ssh keys)")
     vp.add_argument("--api-host", help="address of the API port from here, if not the SSH host")
