@@ -69,10 +69,10 @@ soak-host: setup ## MINUTES of load on HOST=host[:port] built as GPU=<tier> (its
 	$(BIN)/inference-image soak --host $(HOST) --profile $(GPU) --minutes $(MINUTES) --out build/soak/$(GPU).json
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
-	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/gpu_proof.py
+	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
-	for f in scripts/gpu-proof scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
+	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s validate
 
@@ -88,8 +88,8 @@ render: setup ## render GPU=<tier> (default cpu) into OUT=build/<tier>
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
 
-gpu-proof-help: ## how to run scripts/gpu-proof on the GPU machine
-	@sed -n '2,22p' scripts/gpu-proof
+gpu-proof-help: ## how to run the GPU proof (inference-image proof) on the GPU machine
+	@sed -n '/^3. Run the proof/,/^Rules there/p' docs/gpu-machine.md
 
 # ---- images (Packer) -------------------------------------------------------------------------
 BUILDER ?= digitalocean

@@ -1,5 +1,5 @@
 """The vLLM plugin's kernel table (plugins/vllm): how a batch size finds its kernel, and when a
-table is not used. The kernels themselves run on the GPU machine only (scripts/gpu-proof tune)."""
+table is not used. The kernels themselves run on the GPU machine only (`inference-image proof step tune`)."""
 
 from __future__ import annotations
 

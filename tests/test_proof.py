@@ -208,3 +208,23 @@ def test_weightless_eagle_head_keeps_its_own_lm_head(tmp_path: Path, draft_vocab
                          check=True)
     assert got.stdout.strip() == str(owns)
     assert ("keeps its own lm_head (32000 x 4096)" in got.stderr) == owns
+
+
+def test_layout_rows_add_throughput_and_keep_the_worst_tail() -> None:
+    a = {"scenario": "chat", "output_tok_s": 100.0, "ttft_ms_mean": 10.0, "tpot_ms_mean": 5.0,
+         "ttft_ms_p99": 30.0, "completed": 8, "failed": 0}
+    b = {"scenario": "chat", "output_tok_s": 80.0, "ttft_ms_mean": 20.0, "tpot_ms_mean": 7.0,
+         "ttft_ms_p99": 50.0, "completed": 24, "failed": 1}
+    row = proof.sum_rows(32, [a, b])
+    assert row["output_tok_s"] == 180.0 and row["instances"] == 2 and row["concurrency"] == 32
+    assert row["ttft_ms_mean"] == 17.5 and row["tpot_ms_mean"] == 6.5  # weighted by requests
+    assert row["ttft_ms_p99"] == 50.0 and row["completed"] == 32 and row["failed"] == 1
+    assert row["per_instance"] == [a, b]
+
+
+def test_every_step_kind_runs_from_a_plan(tmp_path: Path) -> None:
+    plan = proof.Plan(steps=[proof.Step(k, label=f"x-{k}") for k in proof.KINDS])
+    back = proof.Plan.from_json(plan.to_json())
+    assert [s.kind for s in back.steps] == list(proof.KINDS)
+    runner = proof.Runner(plan=back, out=tmp_path, work=tmp_path, model_dir=tmp_path)
+    assert all(callable(getattr(runner, f"step_{k}", None)) for k in proof.KINDS)

