@@ -155,8 +155,11 @@ def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -
     assert [(s.name(), s.args) for s in h200.steps[3:5]] == [
         ("vanilla-fp8", ("--quantization", "fp8")), ("as-imaged", ())]
     assert h200.steps[4].acceptance_length is None
+    assert h200.steps[4].kind == "profile"
     x8 = proof.standard_plan("h100x8", [2.5], proof.CHAT_CONCURRENCY, (1,))
     assert x8.steps[3].args == ("--tensor-parallel-size", "8")
+    # h100x8 serves 4 instances at TP=2: the image is measured with all of them serving
+    assert (x8.steps[4].kind, x8.steps[4].name()) == ("layout", "as-imaged")
     assert proof.Plan.from_json(h200.to_json()) == h200
 
 

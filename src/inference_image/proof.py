@@ -165,18 +165,20 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
     if weight_bytes(r.target, "none") > capacity:
         vargs, label = (*vargs, "--quantization", "fp8"), "vanilla-fp8"
     steps = [Step("info"), Step("bandwidth"), Step("models"), Step("vanilla", label=label, args=vargs)]
+    # a tier of several instances is measured as all of them serving at once
+    kind: StepKind = "layout" if len(r.instances) > 1 else "profile"
     if r.profile.model.speculative.method == "none":
-        steps.append(Step("profile", label="as-imaged"))
+        steps.append(Step(kind, label="as-imaged"))
     else:
-        steps.append(Step("profile", label="draft-off", sets=NO_DRAFT))
+        steps.append(Step(kind, label="draft-off", sets=NO_DRAFT))
         k = r.profile.model.speculative.num_speculative_tokens
         rates = published_rates(r) if r.draft and r.draft.acceptance_per_position else ()
         if rates:
-            steps.append(Step("profile", label=f"as-imaged-L{mean_length(rates):g}",
+            steps.append(Step(kind, label=f"as-imaged-L{mean_length(rates):g}",
                               acceptance_rates=rates))
         for length in (lengths if lengths is not None else [1.0, k + 1.0]):
             full = not rates and length == (lengths or [1.0])[0]
-            steps.append(Step("profile", label=f"as-imaged-L{length:g}", acceptance_length=length,
+            steps.append(Step(kind, label=f"as-imaged-L{length:g}", acceptance_length=length,
                               concurrency=() if full else short))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
