@@ -172,6 +172,29 @@ def test_stack_restarted_under_load(root: Any, profile: dict[str, Any], api_key:
 
 
 
+def test_logs_that_cannot_be_written(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                     public: Public, record_property: Any) -> None:
+    """A full /var/log: nginx's error log (its only log file: access logging is off) writes to
+    /dev/full, which fails every write with ENOSPC as a full disk does, and nginx reopens it;
+    then under load an instance is restarted. Serving must not depend on a log: nothing fails
+    that would not fail on a healthy machine, and the restarted instance comes back."""
+    log = "/var/log/nginx/error.log"
+    inst = profile["instances"][0]["name"]
+    try:
+        root.run(f"mv -f {log} {log}.faults 2>/dev/null; ln -sfn /dev/full {log} && "
+                 "systemctl reload nginx.service")
+        assert root.run(f"echo x >> {log}").rc != 0, "the log is still writable"
+        res = _fault(root, profile, api_key, public,
+                     f"systemctl restart --no-block vllm@{inst}.service", record_property)
+    finally:
+        root.run(f"rm -f {log} && mv -f {log}.faults {log} 2>/dev/null; "
+                 "systemctl reload nginx.service")
+    assert res["back_s"] is not None and res["back_s"] <= NGINX_BACK_S, res
+    # one instance restarting while the other serves: at most the requests it had in flight
+    assert sum(res["failed"].values()) <= WORKERS and set(res["failed"]) <= {"000", "502",
+                                                                               "503"}, res
+
+
 # A fault that keeps one instance from starting, as a runtime drop-in (gone at the next boot):
 # (the drop-in's [Service] lines, what its journal line must name, whether only the cpu tier has it)
 CANNOT_START = {
