@@ -178,6 +178,8 @@ def test_logs_that_cannot_be_written(root: Any, profile: dict[str, Any], api_key
     /dev/full, which fails every write with ENOSPC as a full disk does, and nginx reopens it;
     then under load an instance is restarted. Serving must not depend on a log: nothing fails
     that would not fail on a healthy machine, and the restarted instance comes back."""
+    if len(profile["instances"]) < 2:
+        pytest.skip("one instance: its restart would stop the endpoint, logs or not")
     log = "/var/log/nginx/error.log"
     inst = profile["instances"][0]["name"]
     try:
