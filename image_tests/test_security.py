@@ -54,7 +54,11 @@ def test_internal_routes_not_public_even_with_the_key(root: Any, public: Public,
 
 
 def test_health_needs_no_key(root: Any, public: Public) -> None:
-    assert http(root, public, "/health").status == 200
+    got = http(root, public, "/health")
+    if got.status != 200:  # what the router and nginx said about it, for the report
+        why = root.run("journalctl -u vllm-router.service -u nginx.service -n 25 --no-pager -o "
+                       "short-precise; tail -5 /var/log/nginx/error.log").stdout
+        pytest.fail(f"/health answered {got.status} {got.body.strip()}\n{why}")
 
 
 def test_right_key_accepted(root: Any, public: Public, api_key: HostKey) -> None:
