@@ -14,7 +14,9 @@ from conftest import HostKey, Public, http, tcp_open, wait_for
 
 from inference_image.render import FIREWALL_TABLE
 
-pytestmark = [pytest.mark.suite("security"), pytest.mark.serving]
+# Most checks need the stack serving; the ones on files, the firewall and the ports closed to the
+# outside run on a build without its GPU too (the build validates every tier with this suite).
+pytestmark = pytest.mark.suite("security")
 
 # Every route vLLM's OpenAI server and vllm-router expose (and one that exists nowhere): each must
 # ask for the key on the public port. /metrics is included on purpose: metrics are scraped on the
@@ -32,6 +34,7 @@ ROUTES = [
 ]
 
 
+@pytest.mark.serving
 @pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 def test_key_required(root: Any, public: Public, method: str, path: str) -> None:
     body = {} if method == "POST" else None
@@ -46,6 +49,7 @@ INTERNAL = [("GET", "/workers"), ("POST", "/flush_cache"), ("GET", "/metrics"), 
             ("GET", "/get_server_info"), ("GET", "/list_workers"), ("POST", "/v1/load_lora_adapter")]
 
 
+@pytest.mark.serving
 @pytest.mark.parametrize(("method", "path"), INTERNAL, ids=[f"{m} {p}" for m, p in INTERNAL])
 def test_internal_routes_not_public_even_with_the_key(root: Any, public: Public, api_key: HostKey,
                                                       method: str, path: str) -> None:
@@ -53,6 +57,7 @@ def test_internal_routes_not_public_even_with_the_key(root: Any, public: Public,
     assert http(root, public, path, key=api_key, method=method, body=body).status == 404
 
 
+@pytest.mark.serving
 def test_health_needs_no_key(root: Any, public: Public) -> None:
     got = http(root, public, "/health")
     if got.status != 200:  # what the router and nginx said about it, for the report
@@ -61,10 +66,12 @@ def test_health_needs_no_key(root: Any, public: Public) -> None:
         pytest.fail(f"/health answered {got.status} {got.body.strip()}\n{why}")
 
 
+@pytest.mark.serving
 def test_right_key_accepted(root: Any, public: Public, api_key: HostKey) -> None:
     assert http(root, public, "/v1/models", key=api_key).status == 200
 
 
+@pytest.mark.serving
 def test_tls_unless_asked_otherwise(root: Any, profile: dict[str, Any], public: Public,
                                     api_key: HostKey) -> None:
     """The key crosses the network only inside TLS: the port speaks TLS with this machine's own
@@ -84,6 +91,7 @@ def test_tls_unless_asked_otherwise(root: Any, profile: dict[str, Any], public: 
     assert cert.stdout.split("Fingerprint=")[1].strip() in shown, "endpoint.json shows another certificate"
 
 
+@pytest.mark.serving
 def test_rate_limit_answers_429(root: Any, profile: dict[str, Any], public: Public,
                                 api_key: HostKey) -> None:
     """One address sending faster than the profile's rate gets 429 (JSON body, Retry-After)
@@ -127,6 +135,7 @@ def _behind_nat(addr: str) -> None:
                     "ports exist from here; the bound addresses and the firewall are checked on the machine")
 
 
+@pytest.mark.serving
 def test_public_port_reachable_from_outside(profile: dict[str, Any], outside_address: str) -> None:
     _behind_nat(outside_address)
     assert tcp_open(outside_address, profile["router"]["port"]), \
@@ -160,10 +169,14 @@ def _units(profile: dict[str, Any]) -> list[str]:
     return [f"vllm@{i['name']}.service" for i in profile["instances"]] + ["vllm-router.service"]
 
 
-def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
+def test_no_unit_sets_dev_mode(root: Any, profile: dict[str, Any]) -> None:
     units_dir = profile["paths"]["units"]
     assert root.run(f"grep -rl VLLM_SERVER_DEV_MODE {units_dir}").stdout.strip() == "", \
         f"a unit file in {units_dir} sets VLLM_SERVER_DEV_MODE"
+
+
+@pytest.mark.serving
+def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
     for unit in _units(profile):
         pid, _ = _main_pid(root, unit)
         env = root.run(f"tr '\\0' '\\n' < /proc/{pid}/environ")
@@ -175,6 +188,7 @@ def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
     assert http(root, inst["port"], "/reset_prefix_cache", method="POST").status == 404
 
 
+@pytest.mark.serving
 def test_services_not_root(root: Any, profile: dict[str, Any]) -> None:
     user = profile["service_user"]
     for unit in _units(profile):
@@ -219,6 +233,7 @@ def _hostile_cases(profile: dict[str, Any]) -> dict[str, tuple[str, set[int]]]:
     }
 
 
+@pytest.mark.serving
 def test_bad_requests_get_a_clear_4xx(root: Any, profile: dict[str, Any], public: Public,
                                       api_key: HostKey) -> None:
     """Each bad request gets its 4xx from nginx or vLLM (never a 5xx, a hang or a reset), and
@@ -263,6 +278,7 @@ print(f"closed_after_s {time.monotonic() - t0:.1f}")
 """
 
 
+@pytest.mark.serving
 def test_slow_clients_are_cut_off_and_cost_nobody_else(root: Any, profile: dict[str, Any],
                                                        public: Public, api_key: HostKey) -> None:
     """Slow-loris: 200 connections that never finish their headers. A normal request still gets

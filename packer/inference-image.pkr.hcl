@@ -90,13 +90,15 @@ build {
   # Validation after the reboot: the image_tests suites over SSH. A build on the tier's own machine
   # proves the image as it serves: the throughput suite runs the profile's target scenario (draft
   # included) and fails the build below the profile's targets. A build without the GPU checks what
-  # it can: smoke, and the driver packages and holds (a suite that passes nothing fails verify).
+  # it can: smoke, security's checks of files, firewall and closed ports, and the driver packages
+  # and holds (a suite that passes nothing fails verify). Hygiene runs after sysprep, in its own
+  # check (inference-sysprep-check), on every tier.
   provisioner "shell-local" {
     pause_before = "20s"
     inline = [
       var.serve_during_build
       ? "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --suite security --suite throughput${var.tier == "cpu" ? "" : " --suite gpu"}"
-      : "${local.verify} --host ${build.Host}:${build.Port} --suite smoke${var.tier == "cpu" ? "" : " --suite gpu"} --no-serving",
+      : "${local.verify} --host ${build.Host}:${build.Port} --suite smoke --suite security${var.tier == "cpu" ? "" : " --suite gpu"} --no-serving",
     ]
   }
 
