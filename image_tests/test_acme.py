@@ -39,6 +39,8 @@ def _ok(root: Any, cmd: str) -> str:
 def pebble(root: Any, profile: dict[str, Any]) -> Iterator[dict[str, str]]:
     paths = profile["paths"]
     installed = root.run("command -v pebble").rc != 0
+    # a sealed image has no package lists: fetched for pebble, removed again afterwards
+    had_lists = root.run("ls /var/lib/apt/lists/ | grep -q _Packages").rc == 0
     if installed:
         apt = ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
                "pebble")
@@ -78,7 +80,11 @@ def pebble(root: Any, profile: dict[str, Any]) -> Iterator[dict[str, str]]:
         root.run("sed -i '/# inference-acme test$/d' /etc/hosts")
         root.run(f"{paths['firstboot']} && systemctl reload nginx")
         if installed:
-            root.run("DEBIAN_FRONTEND=noninteractive apt-get purge -y -q pebble >/dev/null")
+            root.run("DEBIAN_FRONTEND=noninteractive apt-get purge -y -q pebble >/dev/null; "
+                     "rm -f /var/cache/apt/archives/pebble_*.deb")
+        if not had_lists:
+            root.run("find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name lock ! -name partial "
+                     "! -name auxfiles -exec rm -rf {} +")
 
 
 def _conf(root: Any, pebble: dict[str, str], domain: str) -> None:
