@@ -15,7 +15,6 @@ the JSON docs/benchmarks/ keeps (one document, written by the `assemble` step).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
@@ -23,9 +22,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -35,6 +34,7 @@ from .bench import acceptance, spec_counters
 from .memory import decode_bytes_per_token, weight_bytes
 from .profiles import ProfileErrors, Resolved, project_root, resolve
 from .render import render
+from .schema import acceptance_problem
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
                    "trace", "assemble"]
@@ -176,8 +176,9 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
         if rates:
             steps.append(Step(kind, label=f"as-imaged-L{mean_length(rates):g}",
                               acceptance_rates=rates))
-        for length in (lengths if lengths is not None else [1.0, k + 1.0]):
-            full = not rates and length == (lengths or [1.0])[0]
+        for i, length in enumerate(lengths if lengths is not None else [1.0, k + 1.0]):
+            # every concurrency for the documented acceptance: the published one, else the first
+            full = not rates and i == 0
             steps.append(Step(kind, label=f"as-imaged-L{length:g}", acceptance_length=length,
                               concurrency=() if full else short))
     steps.append(Step("assemble"))
@@ -329,7 +330,7 @@ def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:
 def sum_rows(c: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One row for the machine out of its instances' rows at the same moment: throughput adds up;
     mean latencies are weighted by requests; a p99 is the worst instance's (an upper bound)."""
-    done = [max(1, int(p.get("completed") or p.get("num_prompts") or 1)) for p in parts]
+    done = [max(1, int(p.get("completed") or 0)) for p in parts]
     total = sum(done)
 
     def mean(key: str) -> float:
@@ -473,13 +474,8 @@ class Runner:
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.unlink(missing_ok=True)
         try:
-            rows = bench.run(url=url, model=model, tokenizer=str(self.model_dir), scenarios=["chat"],
-                         concurrency=list(conc or self.plan.concurrency), config=label,
-                         vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
-                         vllm_python=self.python, min_prompts=self.plan.min_prompts,
-                         log=self.work / "logs" / f"{label}.bench.log",
-                         hourly_usd=(r.profile.digitalocean.price_per_gpu_hour if r else 0.0),
-                         spec_metrics_url=url, partial=partial)["runs"]
+            rows = self._bench_rows(label, port, model, list(conc or self.plan.concurrency), r,
+                                    spec_metrics_url=url, partial=partial)
         except BaseException:
             # A failed or cut-off bench keeps the rows it finished, marked partial.
             if partial.exists():
@@ -489,6 +485,17 @@ class Runner:
             raise
         self.results.setdefault("runs", {})[label] = rows
         self.results.setdefault("spec_total", {})[label] = acceptance(before, spec_counters(url))
+
+    def _bench_rows(self, label: str, port: int, model: str, conc: list[int], r: Resolved | None,
+                    **extra: Any) -> list[dict[str, Any]]:
+        """bench's chat rows for the server on `port`, run the way every proof step runs them."""
+        return bench.run(url=f"http://127.0.0.1:{port}", model=model, tokenizer=str(self.model_dir),
+                         scenarios=["chat"], concurrency=conc, config=label,
+                         vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
+                         vllm_python=self.python, min_prompts=self.plan.min_prompts,
+                         log=self.work / "logs" / f"{label}.bench.log",
+                         hourly_usd=(r.profile.digitalocean.price_per_gpu_hour if r else 0.0),
+                         **extra)["runs"]
 
     def _serve(self, label: str, argv: list[str], env: dict[str, str], port: int, model: str,
                step: Step, r: Resolved | None, cache: Path) -> None:
@@ -558,8 +565,8 @@ class Runner:
         render(r, rdir)
         units = rdir / "etc/inference-image/units"
         rates = published_rates(r) if step.published_acceptance else step.acceptance_rates
-        for inst in r.instances:
-            if step.acceptance_length is not None or rates:
+        if step.acceptance_length is not None or rates:
+            for inst in r.instances:
                 with_acceptance(units / f"{inst.name}.args", step.acceptance_length, rates)
         self._plugin(units / f"{r.instances[0].name}.env")
         # One compile cache per render: a synthetic acceptance length changes no graph, so the
@@ -617,17 +624,13 @@ class Runner:
                 self.results.setdefault("ready_s", {})[f"{label}-{inst.name}"] = {
                     "s": srv.wait_ready(), "compile_cache": "shared"}
             rows = []
-            for c in conc:
-                per: dict[str, list[dict[str, Any]]] = {}
-                threads = [threading.Thread(target=self._bench_one, args=(
-                    f"{label}-{i.name}-c{c}", i.port, r, c // n, per, i.name)) for i in r.instances]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                if len(per) != n:
-                    raise ProofError(f"{label}: c={c}: a bench failed (logs in {self.work}/logs)")
-                rows.append(sum_rows(c, [per[i.name][0] for i in r.instances]))
+            model = r.profile.model.target
+            with ThreadPoolExecutor(n) as pool:
+                for c in conc:
+                    # every instance at c/n at the same time; a failed bench raises here
+                    parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-c{c}", i.port, model,
+                                         [c // n], r) for i in r.instances]
+                    rows.append(sum_rows(c, [f.result()[0] for f in parts]))
             self.results.setdefault("runs", {})[label] = rows
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
@@ -636,19 +639,6 @@ class Runner:
                 srv.stop()
             self.results.setdefault("backends", {})[label] = backends(
                 self.work / "logs" / f"{label}-{r.instances[0].name}.log")
-
-    def _bench_one(self, label: str, port: int, r: Resolved, c: int,
-                   into: dict[str, list[dict[str, Any]]], key: str) -> None:
-        try:
-            into[key] = bench.run(
-                url=f"http://127.0.0.1:{port}", model=r.profile.model.target,
-                tokenizer=str(self.model_dir), scenarios=["chat"], concurrency=[c], config=label,
-                vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
-                vllm_python=self.python, min_prompts=self.plan.min_prompts,
-                log=self.work / "logs" / f"{label}.bench.log",
-                hourly_usd=r.profile.digitalocean.price_per_gpu_hour)["runs"]
-        except Exception as exc:  # the caller sees the missing row and says which step failed
-            print(f"[{label}] bench failed: {exc}", flush=True)
 
     def step_profile(self, step: Step) -> None:
         r, runner, env, port, cache = self._instance(step)
@@ -749,9 +739,9 @@ def _rates(s: str) -> list[float]:
         rates = [float(x) for x in s.split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r}: give comma-separated shares 0-1") from None
-    if not rates or any(not 0 <= x <= 1 for x in rates) or any(b > a for a, b in itertools.pairwise(rates)):
-        raise argparse.ArgumentTypeError(f"{s}: each share 0-1, none above the one before it "
-                                         "(a token is accepted only after those before it)")
+    problem = "give at least one" if not rates else acceptance_problem(rates)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{s}: {problem}")
     return rates
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, field_validator
@@ -20,6 +21,17 @@ HubId = Annotated[str, StringConstraints(
 class Strict(BaseModel):
     # allow_inf_nan: a target or a GPU size of .inf would pass every comparison it meets.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def acceptance_problem(rates: Sequence[float]) -> str | None:
+    """What is wrong with per-position acceptance shares, or None: each is 0-1, and none may
+    exceed the one before it (a token is accepted only after every token before it)."""
+    if any(not 0 <= x <= 1 for x in rates):
+        return "each share is 0-1"
+    if any(b > a for a, b in itertools.pairwise(rates)):
+        return ("must not increase from one position to the next (a token is accepted only "
+                "after every token before it)")
+    return None
 
 
 class CatalogModel(Strict):
@@ -53,9 +65,9 @@ class CatalogModel(Strict):
     @field_validator("acceptance_per_position")
     @classmethod
     def _non_increasing(cls, v: list[float] | None) -> list[float] | None:
-        if v and any(b > a for a, b in itertools.pairwise(v)):
-            raise ValueError("must not increase from one position to the next (a token is "
-                             "accepted only after every token before it)")
+        problem = acceptance_problem(v) if v else None
+        if problem:
+            raise ValueError(problem)
         return v
 
 
