@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import HostKey, wait_for
+from conftest import HostKey, port_open, wait_for
 
 from inference_image.render import FIREWALL_TABLE
 
@@ -108,7 +108,7 @@ def _port_80_closed(root: Any) -> None:
     rules = root.run(f"nft list chain inet {FIREWALL_TABLE} input")
     if rules.rc == 0:
         assert "inference-acme" not in rules.stdout, "port 80 left open in the firewall"
-    assert not root.run("ss -Hltn 'sport = :80'").stdout.strip(), "something still listens on 80"
+    assert not port_open(root, 80), "something still listens on 80"
 
 
 def test_the_timer_is_on(root: Any) -> None:
