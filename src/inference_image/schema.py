@@ -6,7 +6,15 @@ import itertools
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyAddress,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
@@ -59,6 +67,12 @@ class CatalogModel(Strict):
     acceptance_per_position: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
         None, description="unconditional: entry i is the share of drafts whose first i+1 tokens "
         "were all accepted (what vLLM logs as 'acceptance at token i')")
+    # Where no per-position figures are published, a published mean acceptance length (tokens a
+    # step emits, the target's own included) and the number of draft tokens it was measured at.
+    acceptance_length: float | None = Field(None, ge=1, description="published mean acceptance "
+                                            "length; used where acceptance_per_position is not")
+    acceptance_length_tokens: int | None = Field(None, gt=0, description="draft tokens a step "
+                                                 "when acceptance_length was measured")
     acceptance_source: str | None = Field(None, description="where the figures were published, "
                                           "on which dataset and settings")
 
@@ -69,6 +83,20 @@ class CatalogModel(Strict):
         if problem:
             raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _sourced(self) -> CatalogModel:
+        # a figure nobody can trace is a guess: the proof's speed claims rest on it
+        if (self.acceptance_per_position or self.acceptance_length) and not self.acceptance_source:
+            raise ValueError("published acceptance needs acceptance_source (where it was "
+                             "published, on which data and settings)")
+        if self.acceptance_length and self.acceptance_length_tokens is None:
+            raise ValueError("acceptance_length needs acceptance_length_tokens (the draft "
+                             "tokens a step it was measured at)")
+        if self.acceptance_length_tokens and self.acceptance_length and (
+                self.acceptance_length > self.acceptance_length_tokens + 1):
+            raise ValueError("acceptance_length exceeds acceptance_length_tokens + 1")
+        return self
 
 
 class Catalog(Strict):

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 ef3678f65ea236959c157f8e4589a498d4aa7ce6205d234166df7a51e13c9a8a): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 848bca1f230ea6d6a98b3b694c60138fb7e98bce06869ee9a11f86ffce93475b): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "ef3678f65ea236959c157f8e4589a498d4aa7ce6205d234166df7a51e13c9a8a"
+profile_sha256 = "848bca1f230ea6d6a98b3b694c60138fb7e98bce06869ee9a11f86ffce93475b"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 a4e22c24cc74610098925d2bb72b9ee7e3c2823ede53488cfe9485334ba0b906): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 0efd2ad4d4df6da304c3cab472ec9c2f178b78bf53877d9c2d4a588e09adaee8): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "a4e22c24cc74610098925d2bb72b9ee7e3c2823ede53488cfe9485334ba0b906"
+profile_sha256 = "0efd2ad4d4df6da304c3cab472ec9c2f178b78bf53877d9c2d4a588e09adaee8"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 53595fd5c0fa9628a7229c017690c7b1f25fc765c784a57b874bf42860de8158): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 1dcf03c53cfb7fcba15235af33d1f470183ef2a628c59b6b314afbd88ad9487d): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "53595fd5c0fa9628a7229c017690c7b1f25fc765c784a57b874bf42860de8158"
+profile_sha256 = "1dcf03c53cfb7fcba15235af33d1f470183ef2a628c59b6b314afbd88ad9487d"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 47a87e7c7a00c0ebcf7563483b11d081ea11b6287d22ac5e54e45a316be54e21): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 8ffe63f9cfd79474c2aae86441aacac29ae84ab1cd4978f0cb102cbe73f54a93): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "47a87e7c7a00c0ebcf7563483b11d081ea11b6287d22ac5e54e45a316be54e21"
+profile_sha256 = "8ffe63f9cfd79474c2aae86441aacac29ae84ab1cd4978f0cb102cbe73f54a93"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 e3b2f20bbec4cd58522abbefa877003cdecb2bfdfb000a1a6b4758d0885ef44b): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 9dfbba999d335f757d2e32d2d5d82a3760694d6ec8f4233c7aeb8b441866bf18): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "e3b2f20bbec4cd58522abbefa877003cdecb2bfdfb000a1a6b4758d0885ef44b"
+profile_sha256 = "9dfbba999d335f757d2e32d2d5d82a3760694d6ec8f4233c7aeb8b441866bf18"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

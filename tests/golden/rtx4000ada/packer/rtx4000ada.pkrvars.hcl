@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 cd8e9a21eb29c8255a692c6a23aa0f1cbb90264ab5a77d1a1f0e1fd55f831247): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 4dfff9c2ee9d75080d8874030e284ed3c171054db631910286c9c72c66e183d2): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "cd8e9a21eb29c8255a692c6a23aa0f1cbb90264ab5a77d1a1f0e1fd55f831247"
+profile_sha256 = "4dfff9c2ee9d75080d8874030e284ed3c171054db631910286c9c72c66e183d2"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 75b58ed1814e624eecad487fd8c0f9e9d51fcaa8c20baa503c70c5a3856f50c4): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 2b514a1deca892ba9b9d87731202281a40e5deb6158e8ece7852b899b63ff5d7): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "75b58ed1814e624eecad487fd8c0f9e9d51fcaa8c20baa503c70c5a3856f50c4"
+profile_sha256 = "2b514a1deca892ba9b9d87731202281a40e5deb6158e8ece7852b899b63ff5d7"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
