@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -842,6 +842,10 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()))
+    if step.kind == "vanilla":
+        # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs
+        std = next(s for s in standard_plan(args.tier, [], (1,), (1,)).steps if s.kind == "vanilla")
+        step = replace(step, args=std.args, label=step.label or std.label)
     plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step],
                 min_prompts=args.min_prompts, prompts_per_concurrency=args.prompts_per_concurrency)
     return _start(args, plan)
