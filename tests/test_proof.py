@@ -204,12 +204,17 @@ def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     assert runner.model_for(h100, checkpoint=False) == base
 
 
-@pytest.mark.parametrize(("draft_vocab", "owns"), [(32000, True), (128256, False), (None, False)])
+@pytest.mark.parametrize(("draft_vocab", "target_width", "owns", "owns_embed"),
+                         [(32000, None, True, False), (128256, None, False, False),
+                          (None, None, False, False), (32000, 8192, True, True),
+                          (32000, 4096, True, False)])
 def test_weightless_eagle_head_keeps_its_own_lm_head(tmp_path: Path, draft_vocab: int | None,
-                                                     owns: bool) -> None:
+                                                     target_width: int | None, owns: bool,
+                                                     owns_embed: bool) -> None:
     """The stand-in correction, against a module of the same name and shape as vLLM's: a head with
     a draft vocabulary of its own is marked as owning its lm_head (vLLM would otherwise lend it
-    the target's, 4x the bytes); one without keeps vLLM's default."""
+    the target's, 4x the bytes); one narrower than its target owns its embedding (the target's
+    would not fit it: the 70B head on an H200); others keep vLLM's defaults."""
     import subprocess
     import sys
     pkg = tmp_path / "vllm/model_executor/models"
@@ -220,18 +225,21 @@ def test_weightless_eagle_head_keeps_its_own_lm_head(tmp_path: Path, draft_vocab
         "import types\n"
         "class Eagle3LlamaForCausalLM:\n"
         "    has_own_lm_head = False\n"
-        "    def __init__(self, draft_vocab_size):\n"
+        "    has_own_embed_tokens = False\n"
+        "    def __init__(self, draft_vocab_size, target_hidden_size=None):\n"
         "        self.config = types.SimpleNamespace(vocab_size=128256, hidden_size=4096,\n"
-        "                                            draft_vocab_size=draft_vocab_size)\n")
+        "                                            draft_vocab_size=draft_vocab_size,\n"
+        "                                            target_hidden_size=target_hidden_size)\n")
     code = ("import inspect\n"
             "from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM as C\n"
             "assert list(inspect.signature(C.__init__).parameters) == ['self', "
-            "'draft_vocab_size'], 'vLLM picks arguments by this signature'\n"
-            f"print(C(draft_vocab_size={draft_vocab!r}).has_own_lm_head)")
+            "'draft_vocab_size', 'target_hidden_size'], 'vLLM picks arguments by this signature'\n"
+            f"m = C(draft_vocab_size={draft_vocab!r}, target_hidden_size={target_width!r})\n"
+            "print(m.has_own_lm_head, m.has_own_embed_tokens)")
     env = {"PYTHONPATH": f"{proof.STANDIN}:{tmp_path}", "PATH": "/usr/bin:/bin"}
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
-    assert got.stdout.strip() == str(owns)
+    assert got.stdout.strip() == f"{owns} {owns_embed}"
     assert ("keeps its own lm_head (32000 x 4096)" in got.stderr) == owns
 
 

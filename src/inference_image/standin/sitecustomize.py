@@ -8,6 +8,11 @@ head borrows the target's 128,256-token lm_head instead: 4x the bytes read per d
 (traced on an H100: a 374.6 us GEMM three times a step where the checkpoint's head takes ~85 us).
 A head whose config names a draft vocabulary of its own is marked as owning its lm_head, as its
 checkpoint would make it.
+
+Embeddings likewise: the Llama 3.3 70B head is 6144 wide on an 8192-wide target, so its
+checkpoint carries its own 6144-wide embed_tokens. Under a dummy load vLLM's V2 runner lends it
+the target's (8192 wide) and the first draft step fails ("hidden_states and input_embeds must have
+the same last dimension", seen on an H200). A head narrower than its target owns its embedding.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ def _patch(module: Any) -> None:
             self.has_own_lm_head = True
             print(f"inference-image proof stand-in: the EAGLE-3 head keeps its own lm_head "
                   f"({cfg.draft_vocab_size} x {cfg.hidden_size}), as its checkpoint would",
+                  file=sys.stderr, flush=True)
+        if getattr(cfg, "target_hidden_size", None) not in (None, cfg.hidden_size):
+            self.has_own_embed_tokens = True
+            print(f"inference-image proof stand-in: the EAGLE-3 head keeps its own embed_tokens "
+                  f"({cfg.vocab_size} x {cfg.hidden_size}; target {cfg.target_hidden_size} wide)",
                   file=sys.stderr, flush=True)
 
     cls.__init__ = __init__
