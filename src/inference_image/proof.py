@@ -15,6 +15,7 @@ the JSON docs/benchmarks/ keeps (one document, written by the `assemble` step).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -561,7 +562,9 @@ class Runner:
         does not fit the GPUs)."""
         r = self.resolved()
         port, name = r.instances[0].port, r.profile.model.target
-        cache = self.work / f"cache-{step.name()}"
+        # one cache per command, not per label: a second start of the same vanilla (run 13's c=64
+        # row, after a cut-off call) compiled from cold under a new label
+        cache = self.work / f"cache-vanilla-{hashlib.sha256(' '.join(step.args).encode()).hexdigest()[:12]}"
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
                 str(self.model_for(r, checkpoint=False)), "--load-format", "dummy",
                 "--served-model-name", name, "--port", str(port), *step.args]
