@@ -261,3 +261,29 @@ def test_every_step_kind_runs_from_a_plan(tmp_path: Path) -> None:
     assert [s.kind for s in back.steps] == list(proof.KINDS)
     runner = proof.Runner(plan=back, out=tmp_path, work=tmp_path, model_dir=tmp_path)
     assert all(callable(getattr(runner, f"step_{k}", None)) for k in proof.KINDS)
+
+
+def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed's scenarios (summarization 1024/512, long-form 2048/1024) beside chat: a row is
+    compared with vanilla's row of the same scenario and concurrency, and only chat's c=1 row
+    prices the roofline. An unknown scenario is one line, on the command line and in a plan."""
+    def row(sc: str, c: int, tok: float) -> dict[str, object]:
+        return {"scenario": sc, "concurrency": c, "output_tok_s": tok, "ttft_ms_mean": 1.0,
+                "ttft_ms_p99": 2.0, "tpot_ms_mean": 20.0}
+    res = {"bandwidth": {"read_bw_tbs": 4.0},
+           "runs": {"vanilla-fp8": [row("chat", 1, 50.0), row("long-form", 16, 400.0)],
+                    "as-imaged": [row("chat", 1, 75.0), row("long-form", 16, 800.0)]}}
+    table = proof.assemble(res, resolve("h200"))
+    assert any("as-imaged [long-form]" in line and " 2.00" in line for line in table.splitlines())
+    assert any(line.startswith("as-imaged ") and " 1.50" in line for line in table.splitlines())
+    assert set(res["roofline_c1"]) == {"vanilla-fp8", "as-imaged"}
+    plan = proof.Plan(tier="h200", steps=[proof.Step("vanilla", scenarios=("long-form",))])
+    assert proof.Plan.from_json(plan.to_json()).steps[0].scenarios == ("long-form",)
+    bad = json.loads(plan.to_json())
+    bad["steps"][0]["scenarios"] = ["essay"]
+    with pytest.raises(proof.ProofError, match="scenario 'essay' is not one of"):
+        proof.Plan.from_json(json.dumps(bad))
+    with pytest.raises(SystemExit):
+        cli.main(["proof", "step", "vanilla", "--scenario", "essay"])
+    assert "'essay' is unknown" in capsys.readouterr().err

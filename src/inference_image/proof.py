@@ -100,6 +100,8 @@ class Step:
     published_acceptance: bool = False
     concurrency: tuple[int, ...] = ()
     args: tuple[str, ...] = ()  # vanilla only: vLLM arguments beside its defaults
+    # bench scenarios (bench.SCENARIOS); none: chat 512/512, the table every run shares
+    scenarios: tuple[str, ...] = ()
 
     def name(self) -> str:
         return self.label or self.kind
@@ -126,12 +128,17 @@ class Plan:
             if s.get("kind") not in KINDS:
                 raise ProofError(f"plan step {i}: kind {s.get('kind')!r} is not one of "
                                  f"{', '.join(KINDS)}")
+            unknown = [x for x in s.get("scenarios", ()) if x not in bench.SCENARIOS]
+            if unknown:
+                raise ProofError(f"plan step {i}: scenario {unknown[0]!r} is not one of "
+                                 f"{', '.join(bench.SCENARIOS)}")
             steps.append(Step(kind=s["kind"], label=s.get("label", ""),
                               sets=tuple(s.get("sets", ())),
                               acceptance_length=s.get("acceptance_length"),
                               acceptance_rates=tuple(s.get("acceptance_rates", ())),
                               published_acceptance=bool(s.get("published_acceptance", False)),
                               concurrency=tuple(s.get("concurrency", ())),
+                              scenarios=tuple(s.get("scenarios", ())),
                               args=tuple(s.get("args", ()))))
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
@@ -497,7 +504,7 @@ class Runner:
         self.results["models"] = make_models(self.model_dir)
 
     def _bench(self, label: str, port: int, model: str, conc: tuple[int, ...],
-               r: Resolved | None) -> None:
+               r: Resolved | None, scenarios: tuple[str, ...] = ()) -> None:
         url = f"http://127.0.0.1:{port}"
         before = spec_counters(url)
         partial = self.work / "bench" / f"{label}.json"
@@ -505,7 +512,7 @@ class Runner:
         partial.unlink(missing_ok=True)
         try:
             rows = self._bench_rows(label, port, model, list(conc or self.plan.concurrency), r,
-                                    spec_metrics_url=url, partial=partial)
+                                    scenarios, spec_metrics_url=url, partial=partial)
         except BaseException:
             # A failed or cut-off bench keeps the rows it finished, marked partial.
             if partial.exists():
@@ -517,10 +524,11 @@ class Runner:
         self.results.setdefault("spec_total", {})[label] = acceptance(before, spec_counters(url))
 
     def _bench_rows(self, label: str, port: int, model: str, conc: list[int], r: Resolved | None,
-                    **extra: Any) -> list[dict[str, Any]]:
-        """bench's chat rows for the server on `port`, run the way every proof step runs them."""
+                    scenarios: tuple[str, ...] = (), **extra: Any) -> list[dict[str, Any]]:
+        """bench's rows for the server on `port` (chat unless `scenarios` names others), run the
+        way every proof step runs them."""
         return bench.run(url=f"http://127.0.0.1:{port}", model=model, tokenizer=str(self.model_dir),
-                         scenarios=["chat"], concurrency=conc, config=label,
+                         scenarios=list(scenarios or ("chat",)), concurrency=conc, config=label,
                          vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
                          vllm_python=self.python, min_prompts=self.plan.min_prompts,
                          per=self.plan.prompts_per_concurrency,
@@ -545,7 +553,7 @@ class Runner:
                   flush=True)
             self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
                                                                   model)
-            self._bench(label, port, model, step.concurrency, r)
+            self._bench(label, port, model, step.concurrency, r, step.scenarios)
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
         finally:
@@ -662,11 +670,13 @@ class Runner:
             rows = []
             model = r.profile.model.target
             with ThreadPoolExecutor(n) as pool:
-                for c in conc:
-                    # every instance at c/n at the same time; a failed bench raises here
-                    parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-c{c}", i.port, model,
-                                         [c // n], r) for i in r.instances]
-                    rows.append(sum_rows(c, [f.result()[0] for f in parts]))
+                for sc in step.scenarios or ("chat",):
+                    for c in conc:
+                        # every instance at c/n at the same time; a failed bench raises here
+                        parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-{sc}-c{c}",
+                                             i.port, model, [c // n], r, (sc,))
+                                 for i in r.instances]
+                        rows.append(sum_rows(c, [f.result()[0] for f in parts]))
             self.results.setdefault("runs", {})[label] = rows
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
@@ -722,7 +732,8 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     to vanilla, acceptance, and the c=1 share of the memory roofline."""
     runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
     vanilla = next((c for c in runs if c.startswith("vanilla")), "vanilla")
-    van = {x["concurrency"]: x for x in runs.get(vanilla, [])}
+    # rows compare with vanilla's of the same scenario and concurrency
+    van = {(x.get("scenario", "chat"), x["concurrency"]): x for x in runs.get(vanilla, [])}
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
     lines = [f"{(res.get('info') or {}).get('gpu')}  vLLM {(res.get('info') or {}).get('vllm')}  "
@@ -732,13 +743,17 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     roof = {}
     for cfg, rows in runs.items():
         for x in rows:
-            v = van.get(x["concurrency"])
+            sc = x.get("scenario", "chat")
+            v = van.get((sc, x["concurrency"]))
             ratio = x["output_tok_s"] / v["output_tok_s"] if v and v["output_tok_s"] else 0
             al = x.get("acceptance_length")
-            lines.append(f"{cfg:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{ratio:>7.2f}"
+            name = cfg if sc == "chat" else f"{cfg} [{sc}]"
+            lines.append(f"{name:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{ratio:>7.2f}"
                          f"{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>8.1f}"
                          f"{x['tpot_ms_mean']:>7.2f}{al if al else '':>6}")
-        c1 = next((x for x in rows if x["concurrency"] == 1), None)
+        # the roofline's context is chat's (512 in, 512 out)
+        c1 = next((x for x in rows if x["concurrency"] == 1
+                   and x.get("scenario", "chat") == "chat"), None)
         if bw and c1 and c1["tpot_ms_mean"]:
             q, kv = ((("fp8" if cfg.endswith("-fp8") else "none"), "auto") if cfg.startswith("vanilla")
                      else (r.profile.model.quantization, r.profile.model.kv_cache_dtype))
@@ -779,6 +794,13 @@ def _rates(s: str) -> list[float]:
     if problem:
         raise argparse.ArgumentTypeError(f"{s}: {problem}")
     return rates
+
+
+def _scenario(s: str) -> str:
+    if s not in bench.SCENARIOS:
+        raise argparse.ArgumentTypeError(f"{s!r} is unknown: use one of "
+                                         f"{', '.join(bench.SCENARIOS)}")
+    return s
 
 
 def _rates_arg(s: str) -> str:
@@ -841,6 +863,7 @@ def cmd_step(args: argparse.Namespace) -> int:
         return 2
     published = args.acceptance_rates == "published"
     step = Step(kind=args.kind, label=args.label or "", sets=tuple(args.set),
+                scenarios=tuple(args.scenario),
                 acceptance_length=args.acceptance_length, published_acceptance=published,
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
@@ -908,4 +931,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-position acceptance: the draft's published figures (catalog) or "
                    "shares, one per draft token")
     p.add_argument("--step-concurrency", type=bench._ints)
+    p.add_argument("--scenario", action="append", default=[], type=_scenario,
+                   help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}")
     p.set_defaults(func=cmd_step)
