@@ -53,6 +53,8 @@ class CatalogModel(Strict):
     params_b: float = Field(gt=0, description="parameters, billions")
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
+    intermediate_size: int | None = Field(None, gt=0, description="MLP width (config.json); "
+                                          "the FP8 GEMM tune needs it")
     num_attention_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
