@@ -97,3 +97,36 @@ def test_triton_gemv_entries_are_read_and_checked(tmp_path):
 def test_every_gemv_config_tune_tries_is_a_valid_name():
     assert all(dispatch.parse_gemv(c) for c in dispatch.GEMV_CONFIGS)
     assert len(set(dispatch.GEMV_CONFIGS)) == len(dispatch.GEMV_CONFIGS) == 10
+
+
+def test_tune_shapes_for_any_llama_and_its_tensor_parallel_split():
+    from inference_image_vllm import tune
+    # the 8B's four projections are the ones the packaged table covers
+    assert {f"{n},{k}" for k, n in tune.SHAPES.values()} == LLAMA_8B_SHAPES
+    # Llama 3.3 70B on one GPU, and on one of two (h100x8: TP=2): column-parallel layers split N,
+    # row-parallel ones split K
+    assert tune.shapes(8192, 28672, 64, 8, 128) == {
+        "qkv": (8192, 10240), "o": (8192, 8192), "gate_up": (8192, 57344), "down": (28672, 8192)}
+    assert tune.shapes(8192, 28672, 64, 8, 128, 2) == {
+        "qkv": (8192, 5120), "o": (4096, 8192), "gate_up": (8192, 28672), "down": (14336, 8192)}
+    both = tune.all_shapes([tune.LLAMA_8B, (8192, 28672, 64, 8, 128, 1)])
+    assert len(both) == 8 and "qkv@1" in both
+    with pytest.raises(Exception, match="does not split over 3"):
+        tune.model_arg("8192,28672,64,8,128,3")
+    with pytest.raises(Exception, match="as integers"):
+        tune.model_arg("8192,big,64,8,128")
+
+
+def test_a_table_of_this_gpu_model_comes_before_the_architecture_one(tmp_path, monkeypatch):
+    assert dispatch.table_file_name("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3.json"
+    assert dispatch.table_file_name("NVIDIA H200") == "nvidia-h200.json"
+    packaged = Path(dispatch.__file__).with_name("tables")
+    monkeypatch.setattr(dispatch, "device_name", lambda: "NVIDIA Made Up 9000")
+    assert dispatch.packaged_table() == packaged / "hopper.json"
+    monkeypatch.setattr(dispatch, "TABLES", tmp_path)
+    assert dispatch.packaged_table() is None  # neither: Cutlass everywhere
+    (tmp_path / "hopper.json").write_text("{}")
+    own = tmp_path / "nvidia-made-up-9000.json"
+    own.write_text(json.dumps({"device": "NVIDIA Made Up 9000", "capability": "9.0",
+                               "shapes": {"8192,8192": [[1, "cutlass"]]}}))
+    assert dispatch.packaged_table() == own

@@ -287,3 +287,11 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
     with pytest.raises(SystemExit):
         cli.main(["proof", "step", "vanilla", "--scenario", "essay"])
     assert "'essay' is unknown" in capsys.readouterr().err
+
+
+def test_tune_measures_the_shapes_of_the_tiers_own_model_and_split() -> None:
+    """The tune step's --model: the 8B on h100, the 70B whole on h200, and halved by TP=2 on
+    h100x8 (tune splits it); a target without its MLP width in the catalog is one clear error."""
+    assert proof.tune_models(resolve("h100")) == ["--model", "4096,14336,32,8,128,1"]
+    assert proof.tune_models(resolve("h200")) == ["--model", "8192,28672,64,8,128,1"]
+    assert proof.tune_models(resolve("h100x8")) == ["--model", "8192,28672,64,8,128,2"]

@@ -181,3 +181,21 @@ def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
     render(resolve("h100", ROOT / "profiles"), tmp_path)
     assert run_unit(tmp_path, "vllm-0", TMPDIR=str(tmp_path / "tmp"), MODEL_PATH="/m",
                     INFERENCE_PYTHON="python3").returncode == 0
+
+
+@pytest.mark.parametrize("tier", ["cpu", "h100", "h200"])
+def test_starting_the_stack_while_baking_is_decided_once(tier):
+    """The render's Packer variables and Ansible variables carry the same decision (the role has
+    no default of its own): the cpu tier bakes where it serves, GPU tiers bake on a machine
+    without their GPU."""
+    from inference_image.profiles import resolve
+    from inference_image.render import ansible_vars, files, serve_during_build
+
+    r = resolve(tier)
+    pkr = files(r)[f"packer/{tier}.pkrvars.hcl"][0]
+    want = serve_during_build(r)
+    assert want == (tier == "cpu")
+    assert f"serve_during_build = {str(want).lower()}" in pkr.splitlines()
+    assert ansible_vars(r)["inference_service_start"] is want
+    defaults = (ROOT / "roles/inference_service/defaults/main.yml").read_text()
+    assert "\ninference_service_start:" not in defaults

@@ -21,34 +21,16 @@ import threading
 import time
 import urllib.request
 from collections.abc import Generator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, resolve
+from .schema import SCENARIOS, Scenario
 from .vllm_bench_batch import MARK
 
 Num = TypeVar("Num", int, float)
 
 
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    input_len: int
-    output_len: int
-    prefix_len: int = 0  # tokens shared by every prompt (counted in input_len)
-
-
-SCENARIOS = {
-    s.name: s
-    for s in (
-        Scenario("chat", 512, 512),
-        Scenario("summarization", 1024, 512),
-        Scenario("long-form", 2048, 1024),
-        # 70% of the prompt is one system prompt: what prefix caching is for.
-        Scenario("shared-prefix", 1024, 256, prefix_len=717),
-    )
-}
 CONCURRENCY = [1, 2, 4, 8, 16]
 SATURATION = [32, 64]
 QUICK = {"scenarios": ["chat"], "concurrency": [1, 4, 16]}

@@ -346,6 +346,18 @@ def with_acceptance(args_file: Path, length: float | None = None,
     args_file.write_text("\n".join(lines) + "\n")
 
 
+def tune_models(r: Resolved) -> list[str]:
+    """tune's --model arguments for the tier's target at its tensor-parallel size: the shapes
+    one GPU of the tier multiplies (the 70B at TP=2 splits each projection in two)."""
+    t, tp = r.target, r.profile.serving.tensor_parallel_size
+    inter = t.intermediate_size or 0
+    if not inter:
+        raise ProofError(f"{r.profile.model.target}: the catalog has no intermediate_size. Fix: "
+                         "add it (the model's config.json value) to tune its FP8 GEMMs")
+    return ["--model", f"{t.hidden_size},{inter},{t.num_attention_heads},{t.num_kv_heads},"
+            f"{t.head_dim},{tp}"]
+
+
 def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:
     """The files matching `pattern` once their sizes stop changing (a trace is written after
     /stop_profile returns)."""
@@ -491,7 +503,8 @@ class Runner:
         table, report = self.out / "fp8-table.json", self.out / "fp8-report.json"
         self.out.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([self.python, "-m", "inference_image_vllm.tune", "--table",
-                               str(table), "--report", str(report)], capture_output=True,
+                               str(table), "--report", str(report),
+                               *tune_models(self.resolved())], capture_output=True,
                               text=True, check=False)
         if proc.returncode:
             table.unlink(missing_ok=True)

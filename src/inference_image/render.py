@@ -270,8 +270,18 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "sysprep_machine_files": machine_files(),
         "base_nofile_limit": LIMITS["nofile"],
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
+        "inference_service_start": serve_during_build(r),
         "observability_node_exporter_listen": f"127.0.0.1:{LIMITS['node_exporter_port']}",
     }
+
+
+def serve_during_build(r: Resolved) -> bool:
+    """Whether the build starts the stack (warming the compile cache that ships, and proving the
+    units serve): only when it bakes on the tier's own machine. A GPU tier baked on a smaller
+    machine (`digitalocean.build_size`) has no GPU to start it on. The one place this is decided:
+    the render's Packer variables and its Ansible variables both carry it, and a Packer var file
+    may override it (packer/qemu.pkrvars.hcl: the local qemu build has no GPU either)."""
+    return not r.profile.digitalocean.build_size
 
 
 def _jinja() -> jinja2.Environment:
@@ -304,7 +314,8 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
            "firewall_table": FIREWALL_TABLE,
-           "digest": r.digest, "listen": listen_address(r), "limits": LIMITS}
+           "digest": r.digest, "listen": listen_address(r), "limits": LIMITS,
+           "serve_during_build": serve_during_build(r)}
     out: dict[str, tuple[str, int]] = {}
 
     def tpl(src: str, dst: str, mode: int = 0o644, **extra: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -53,6 +54,8 @@ class CatalogModel(Strict):
     params_b: float = Field(gt=0, description="parameters, billions")
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
+    intermediate_size: int | None = Field(None, gt=0, description="MLP width (config.json); "
+                                          "the FP8 GEMM tune needs it")
     num_attention_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
@@ -208,12 +211,39 @@ class Router(Strict):
         return "off" if v is False else v
 
 
+# What `inference-image bench` runs and a profile's targets name: one list for both.
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    input_len: int
+    output_len: int
+    prefix_len: int = 0  # tokens shared by every prompt (counted in input_len)
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("chat", 512, 512),
+        Scenario("summarization", 1024, 512),
+        Scenario("long-form", 2048, 1024),
+        # 70% of the prompt is one system prompt: what prefix caching is for.
+        Scenario("shared-prefix", 1024, 256, prefix_len=717),
+    )
+}
+
 class Targets(Strict):
-    scenario: Literal["chat", "summarization", "long-form", "shared-prefix"] = "chat"
+    scenario: str = "chat"
     concurrency: int = Field(ge=1)
     output_tok_s: float = Field(gt=0)
     ttft_p50_ms: float = Field(gt=0)
     ttft_p99_ms: float = Field(gt=0)
+
+    @field_validator("scenario")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in SCENARIOS:
+            raise ValueError(f"{v!r} is not a bench scenario: use one of {', '.join(SCENARIOS)}")
+        return v
 
 
 class Profile(Strict):

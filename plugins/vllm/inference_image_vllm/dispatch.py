@@ -8,6 +8,10 @@ size vLLM captures a CUDA graph for; a batch runs the entry of the smallest meas
 holds it (the size vLLM pads it to). Shapes or sizes the table does not cover run Cutlass, and
 so does everything on a GPU of another compute capability than the table was measured on.
 
+A table measured on the GPU by name (`tables/<name>.json`, e.g. `nvidia-h200.json`) is used before
+the one for its architecture (`tables/hopper.json`): the H100 and H200 share compute capability 9.0
+but not memory bandwidth or clocks, so a kernel's lead at one batch size may not carry over.
+
 At 1-4 rows a table may also name a Triton GEMV block shape, `triton:BLOCK_N:BLOCK_K:WARPS:STAGES`
 (gemv.py): at concurrency 1 the small projections are latency-bound in both library kernels.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +75,7 @@ def document(shapes: dict[str, list[list[object]]], *, device: str, capability: 
 
 
 _table: Table | None = None
+TABLES = Path(__file__).with_name("tables")
 
 
 def capability() -> str:
@@ -79,13 +85,32 @@ def capability() -> str:
     return f"{major}.{minor}"
 
 
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
+def table_file_name(device: str) -> str:
+    """The packaged table of one GPU model: 'NVIDIA H100 80GB HBM3' -> nvidia-h100-80gb-hbm3.json."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") + ".json"
+
+
+def packaged_table() -> Path | None:
+    """This GPU's own table, else the architecture's, else none."""
+    for f in (TABLES / table_file_name(device_name()), TABLES / "hopper.json"):
+        if f.is_file():
+            return f
+    return None
+
+
 def table() -> Table:
     global _table
     if _table is None:
         path = os.environ.get("INFERENCE_IMAGE_FP8_TABLE")
         if not path:
-            packaged = Path(__file__).with_name("tables") / "hopper.json"
-            path = str(packaged) if packaged.is_file() else None
+            packaged = packaged_table()
+            path = str(packaged) if packaged else None
         t = Table(path)
         if t.entries and t.capability != capability():
             # Kernel speeds are a property of the chip: a table from another one is no guide.

@@ -2,8 +2,10 @@
 captures; write the table.
 
     python -m inference_image_vllm.tune --table OUT.json [--report REPORT.json]
+        [--model HIDDEN,INTERMEDIATE,HEADS,KV_HEADS,HEAD_DIM[,TP] ...]
 
-For each Llama-3.1-8B projection (qkv, o, gate_up, down) and each CUDA-graph batch size up to
+For each projection (qkv, o, gate_up, down) of each --model (default Llama-3.1-8B; Llama 3.3 70B
+is 8192,28672,64,8,128) and each CUDA-graph batch size up to
 --max-m: every kernel's time with the activations already in FP8 (as vLLM serves them), inside one
 CUDA graph over enough weight copies to defeat the L2 cache. A kernel other than Cutlass is chosen
 only where it is at least --margin faster and its result is as accurate as Cutlass' (checked
@@ -16,11 +18,51 @@ import sys
 import time
 from collections.abc import Callable
 
-import torch
-
 from . import dispatch
 
-SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+LLAMA_8B = (4096, 14336, 32, 8, 128, 1)
+
+
+def shapes(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
+           tp: int = 1) -> dict[str, tuple[int, int]]:
+    """(K, N) of a Llama layer's four FP8 projections on one of `tp` tensor-parallel GPUs: the
+    column-parallel ones (qkv, gate_up) split N, the row-parallel ones (o, down) split K."""
+    for name, v in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
+        if v % tp:
+            raise ValueError(f"{name} {v} does not split over {tp} GPUs")
+    return {"qkv": (hidden, (heads + 2 * kv_heads) * head_dim // tp),
+            "o": (heads * head_dim // tp, hidden),
+            "gate_up": (hidden, 2 * intermediate // tp),
+            "down": (intermediate // tp, hidden)}
+
+
+SHAPES = shapes(*LLAMA_8B)
+
+
+def model_arg(s: str) -> tuple[int, ...]:
+    try:
+        v = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: give HIDDEN,INTERMEDIATE,HEADS,KV_HEADS,"
+                                         "HEAD_DIM[,TP] as integers") from None
+    if len(v) not in (5, 6) or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: give HIDDEN,INTERMEDIATE,HEADS,KV_HEADS,"
+                                         "HEAD_DIM[,TP], each >= 1")
+    try:
+        shapes(*v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
+    return v
+
+
+def all_shapes(models: list[tuple[int, ...]]) -> dict[str, tuple[int, int]]:
+    """Every distinct (K, N) of the models, named by projection (and model where several are)."""
+    out: dict[str, tuple[int, int]] = {}
+    for i, m in enumerate(models):
+        for name, kn in shapes(*m).items():
+            if kn not in out.values():
+                out[name if len(models) == 1 else f"{name}@{i}"] = kn
+    return out
 
 
 def capture_sizes(max_m: int) -> list[int]:
@@ -30,6 +72,8 @@ def capture_sizes(max_m: int) -> list[int]:
 
 def graph_us(fns: list[Callable[[], object]], reps: int = 20) -> float:
     """Mean time of one call, replayed inside a CUDA graph (no launch gaps from Python)."""
+    import torch  # here, not at the top: the shape helpers are used (and tested) without a GPU
+
     for f in fns:
         f()
     torch.cuda.synchronize()
@@ -54,7 +98,12 @@ def main() -> None:
     ap.add_argument("--report", help="every measurement, as JSON")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--margin", type=float, default=0.03, help="how much faster than Cutlass")
+    ap.add_argument("--model", type=model_arg, action="append", default=[],
+                    metavar="HIDDEN,INTERMEDIATE,HEADS,KV_HEADS,HEAD_DIM[,TP]",
+                    help="a Llama model's shapes, repeatable (default Llama-3.1-8B)")
     args = ap.parse_args()
+    todo = all_shapes(args.model or [LLAMA_8B])
+    import torch
     import vllm
     from vllm import _custom_ops as ops
 
@@ -68,7 +117,7 @@ def main() -> None:
         "shapes": {},
     }
     table: dict[str, list[list[object]]] = {}
-    for name, (k, n) in SHAPES.items():
+    for name, (k, n) in todo.items():
         copies = max(2, -(-512 * 2**20 // (k * n)))  # >= 512 MB of FP8 weights (L2: 50-60 MB)
         ws = []
         for _ in range(copies):
@@ -134,11 +183,11 @@ def main() -> None:
     if args.report:
         with open(args.report, "w") as fh:
             json.dump(report, fh, indent=1)
-    print(f"{'M':>4}" + "".join(f"{s:>31}" for s in SHAPES)
+    print(f"{'M':>4}" + "".join(f"{s:>31}" for s in todo)
           + "   (us: cutlass/cublaslt/fast/triton -> chosen)")
     for i, m in enumerate(sizes):
         cells = []
-        for s in SHAPES:
+        for s in todo:
             r = report["shapes"][s]["rows"][i]
             tri = f"/{r['triton_us']:.1f}" if "triton_us" in r else ""
             cells.append(

@@ -1,10 +1,10 @@
-# Rendered from profiles/cpu.yaml (profile sha256 848bca1f230ea6d6a98b3b694c60138fb7e98bce06869ee9a11f86ffce93475b): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 690f79c14f696e031e82434309c353cffbe2a8aeee531459c5d4d3d9adbe1f9c): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "848bca1f230ea6d6a98b3b694c60138fb7e98bce06869ee9a11f86ffce93475b"
+profile_sha256 = "690f79c14f696e031e82434309c353cffbe2a8aeee531459c5d4d3d9adbe1f9c"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"
 do_base_image  = "debian-12-x64"
 vllm_version   = "0.32.0"
-# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+# render.serve_during_build: baking on the tier's own machine lets the build start the stack.
 serve_during_build = true

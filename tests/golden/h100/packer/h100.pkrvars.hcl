@@ -1,10 +1,10 @@
-# Rendered from profiles/h100.yaml (profile sha256 0efd2ad4d4df6da304c3cab472ec9c2f178b78bf53877d9c2d4a588e09adaee8): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 e2072293f7ff6d8981253b93366db8f2e6f0d43b8677c5f8917fc78fa3ccba10): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "0efd2ad4d4df6da304c3cab472ec9c2f178b78bf53877d9c2d4a588e09adaee8"
+profile_sha256 = "e2072293f7ff6d8981253b93366db8f2e6f0d43b8677c5f8917fc78fa3ccba10"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
 do_base_image  = "ubuntu-24-04-x64"
 vllm_version   = "0.26.0"
-# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+# render.serve_during_build: baking on the tier's own machine lets the build start the stack.
 serve_during_build = false

@@ -1,10 +1,10 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 1dcf03c53cfb7fcba15235af33d1f470183ef2a628c59b6b314afbd88ad9487d): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 b809bccf550dd512db0c4eebf6befd0f13996372cd1a40af9cb3503a66b26e63): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "1dcf03c53cfb7fcba15235af33d1f470183ef2a628c59b6b314afbd88ad9487d"
+profile_sha256 = "b809bccf550dd512db0c4eebf6befd0f13996372cd1a40af9cb3503a66b26e63"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
 do_base_image  = "ubuntu-24-04-x64"
 vllm_version   = "0.26.0"
-# Baking on the tier's own machine lets the build start the stack (and warm the compile cache).
+# render.serve_during_build: baking on the tier's own machine lets the build start the stack.
 serve_during_build = false
