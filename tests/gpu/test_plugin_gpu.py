@@ -15,10 +15,10 @@ if torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("FP8 needs compute capability >= 8.9", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins/vllm"))
-from inference_image_vllm import dispatch, gemv  # noqa: E402
+from inference_image_vllm import dispatch, gemv, tune  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # Llama-3.1-8B (N, K)
+SHAPES = [(n, k) for k, n in tune.SHAPES.values()]  # Llama-3.1-8B (N, K), as tune measures them
 KERNEL = "triton:8:512:4:2"
 
 
