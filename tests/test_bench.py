@@ -24,6 +24,13 @@ def test_bench_command_for_shared_prefix():
     assert a["--random-prefix-len"] == "717" and a["--random-input-len"] == "307"
     assert a["--num-prompts"] == "64" and a["--max-concurrency"] == "16"
     assert "--ignore-eos" in cmd and a["--seed"] == "7" and a["--tokenizer"] == "/tok"
+    assert "--save-detailed" in cmd  # the per-request TTFTs below come from it
+
+
+def test_row_keeps_each_ttft_in_the_order_requests_were_sent():
+    d = {"completed": 3, "ttfts": [0.05, 0.141, 0.0432], "start_times": [2.0, 1.0, 3.0]}
+    assert bench.row_from_result(d, "chat", 2, "x")["ttft_ms_each"] == [141.0, 50.0, 43.2]
+    assert "ttft_ms_each" not in bench.row_from_result({"completed": 1}, "chat", 1, "x")
 
 
 def test_num_prompts_floor():

@@ -58,7 +58,9 @@ def bench_args(
             "--num-warmups", str(min(c, 4)), "--ignore-eos", "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
-            "--disable-tqdm"]
+            # per-request TTFTs: a p99 over 16 requests is one request, and which one it was
+            # (the first of a batch shape, or any) says why
+            "--save-detailed", "--disable-tqdm"]
     if sc.prefix_len:
         args += ["--random-prefix-len", str(sc.prefix_len)]
     if tokenizer:
@@ -87,7 +89,19 @@ def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> di
         "tpot_ms_mean": g("mean_tpot_ms"), "tpot_ms_p99": g("p99_tpot_ms"),
         "itl_ms_mean": g("mean_itl_ms"), "itl_ms_p99": g("p99_itl_ms"),
         "e2el_ms_mean": g("mean_e2el_ms"), "e2el_ms_p99": g("p99_e2el_ms"),
+        **ttft_each(d),
     }
+
+
+def ttft_each(d: dict[str, Any]) -> dict[str, list[float]]:
+    """Each request's TTFT in ms, in the order the requests were sent (vLLM's detailed result;
+    empty where it has none)."""
+    ttfts, starts = d.get("ttfts") or [], d.get("start_times") or []
+    if not ttfts:
+        return {}
+    order = (sorted(range(len(ttfts)), key=lambda i: starts[i]) if len(starts) == len(ttfts)
+             else range(len(ttfts)))
+    return {"ttft_ms_each": [round(float(ttfts[i] or 0.0) * 1000, 1) for i in order]}
 
 
 def cost_per_mtok(hourly_usd: float, output_tok_s: float) -> float | None:
