@@ -54,6 +54,26 @@ def test_nothing_to_do_without_a_domain_or_with_tls_off(rendered: tuple[Path, Pa
 GOOD = "domain=llm.example.com\nemail=ops@example.com\n"
 
 
+@pytest.mark.parametrize(("profile_tls", "mode_file", "off"), [
+    ("off", "self-signd\n", True),      # a typo keeps the profile's mode, here off ...
+    ("self-signed", "of\n", False),     # ... and here on: fail closed in both
+    ("off", "self-signed\n", False),
+])
+def test_acme_takes_the_mode_first_boot_decided(tmp_path: Path, profile_tls: str, mode_file: str,
+                                                off: bool) -> None:
+    r, root = tmp_path / "r", tmp_path / "root"
+    render(resolve("h100", overrides=[f"router.tls={profile_tls}"]), r)
+    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").write_text(mode_file)
+    decided = subprocess.run(["bash", str(r / "usr/local/sbin/inference-firstboot"), "--tls-mode"],
+                             env={"INFERENCE_ROOT": str(root), "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert decided == ("off" if off else "self-signed")
+    assert not _at(root, "api_key").exists(), "--tls-mode makes nothing"
+    run = _acme(r, root, GOOD)
+    assert ("TLS is off" in run.stdout) is off, run.stdout + run.stderr
+
+
 @pytest.mark.parametrize(("conf", "names"), [
     ("domain=llm.example.com;touch /tmp/x\nemail=ops@example.com\n", "domain="),
     ("domain=$(reboot).example.com\nemail=ops@example.com\n", "domain="),

@@ -338,7 +338,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
-    out["etc/inference-image/profile.json"] = (
+    out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)
     out["ansible/extra-vars.json"] = (json.dumps(ansible_vars(r), sort_keys=True, indent=2) + "\n",
                                       0o644)
