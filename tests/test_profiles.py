@@ -164,3 +164,14 @@ def test_every_error_is_reported_at_once(pdir):
          "  max_num_seqs: 40\n  flash_attention_3: true\n  tensor_parallel_size: 2")
     errs = errors_of("l40s", pdir)
     assert len(errs) >= 2
+
+
+def test_a_target_scenario_bench_does_not_know_is_one_line(pdir, capsys):
+    """Every reader of a scenario name (profile targets, bench, proof) says it the same way."""
+    (err,) = errors_of("h100", pdir, overrides=["targets.scenario=essay"])
+    assert "targets.scenario" in err and "'essay' is not a bench scenario: use one of chat" in err
+    from inference_image import cli
+    assert cli.main(["bench", "run", "--scenario", "chat", "--scenario", "essay"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: --scenario 'essay' is not a bench scenario: use one of chat, summarization, "
+        "long-form, shared-prefix")

@@ -282,11 +282,11 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
     assert proof.Plan.from_json(plan.to_json()).steps[0].scenarios == ("long-form",)
     bad = json.loads(plan.to_json())
     bad["steps"][0]["scenarios"] = ["essay"]
-    with pytest.raises(proof.ProofError, match="scenario 'essay' is not one of"):
+    with pytest.raises(proof.ProofError, match="scenario 'essay' is not a bench scenario: use one of chat"):
         proof.Plan.from_json(json.dumps(bad))
     with pytest.raises(SystemExit):
         cli.main(["proof", "step", "vanilla", "--scenario", "essay"])
-    assert "'essay' is unknown" in capsys.readouterr().err
+    assert "'essay' is not a bench scenario: use one of chat" in capsys.readouterr().err
 
 
 def test_tune_measures_the_shapes_of_the_tiers_own_model_and_split() -> None:

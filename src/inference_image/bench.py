@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, resolve
-from .schema import SCENARIOS, Scenario
+from .schema import SCENARIOS, Scenario, unknown_scenario
 from .vllm_bench_batch import MARK
 
 Num = TypeVar("Num", int, float)
@@ -404,10 +404,8 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenarios = ["chat"] if args.quick else (args.scenario or list(SCENARIOS))
-    bad = [s for s in scenarios if s not in SCENARIOS]
-    if bad:
-        print(f"error: --scenario {bad[0]!r} is unknown. Fix: use one of {', '.join(SCENARIOS)}",
-              file=sys.stderr)
+    if why := unknown_scenario(scenarios):
+        print(f"error: --scenario {why}", file=sys.stderr)
         return 1
     conc = args.concurrency or (QUICK["concurrency"] if args.quick
                                 else CONCURRENCY + ([] if args.no_saturation else SATURATION))

@@ -42,7 +42,7 @@ from .profiles import (
     resolve,
 )
 from .render import render
-from .schema import CatalogModel, acceptance_problem
+from .schema import CatalogModel, acceptance_problem, unknown_scenario
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
                    "trace", "assemble"]
@@ -128,10 +128,8 @@ class Plan:
             if s.get("kind") not in KINDS:
                 raise ProofError(f"plan step {i}: kind {s.get('kind')!r} is not one of "
                                  f"{', '.join(KINDS)}")
-            unknown = [x for x in s.get("scenarios", ()) if x not in bench.SCENARIOS]
-            if unknown:
-                raise ProofError(f"plan step {i}: scenario {unknown[0]!r} is not one of "
-                                 f"{', '.join(bench.SCENARIOS)}")
+            if why := unknown_scenario(s.get("scenarios", ())):
+                raise ProofError(f"plan step {i}: scenario {why}")
             steps.append(Step(kind=s["kind"], label=s.get("label", ""),
                               sets=tuple(s.get("sets", ())),
                               acceptance_length=s.get("acceptance_length"),
@@ -825,9 +823,8 @@ def _rates(s: str) -> list[float]:
 
 
 def _scenario(s: str) -> str:
-    if s not in bench.SCENARIOS:
-        raise argparse.ArgumentTypeError(f"{s!r} is unknown: use one of "
-                                         f"{', '.join(bench.SCENARIOS)}")
+    if why := unknown_scenario([s]):
+        raise argparse.ArgumentTypeError(why)
     return s
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -231,6 +231,14 @@ SCENARIOS = {
     )
 }
 
+def unknown_scenario(names: Iterable[str]) -> str | None:
+    """The first of `names` that is not a bench scenario, said with the fix (every reader of a
+    scenario name says it this way); None when all are."""
+    bad = next((n for n in names if n not in SCENARIOS), None)
+    return None if bad is None else (
+        f"{bad!r} is not a bench scenario: use one of {', '.join(SCENARIOS)}")
+
+
 class Targets(Strict):
     scenario: str = "chat"
     concurrency: int = Field(ge=1)
@@ -241,8 +249,8 @@ class Targets(Strict):
     @field_validator("scenario")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in SCENARIOS:
-            raise ValueError(f"{v!r} is not a bench scenario: use one of {', '.join(SCENARIOS)}")
+        if why := unknown_scenario([v]):
+            raise ValueError(why)
         return v
 
 
