@@ -158,6 +158,28 @@ def test_nginx_killed_under_load(root: Any, profile: dict[str, Any], api_key: Ho
         pytest.fail(f"nginx back after {res['back_s']} s (target {NGINX_BACK_S}): {res}\n{journal}")
 
 
+def test_journald_killed_under_load(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                   public: Public, record_property: Any) -> None:
+    """Every service logs to journald through its stdout. journald killed (a crash, or the OOM
+    killer on a full machine) must cost no request, and what the services write afterwards must
+    reach the journal again: a service whose log stream broke would lose its logs silently, or
+    stop on its next write."""
+    journald = "systemd-journald.service"
+    started = root.run(f"systemctl show -p ExecMainStartTimestampMonotonic --value {journald}")
+    res = _fault(root, profile, api_key, public, f"systemctl kill -s KILL {journald}",
+                 record_property)
+    assert not res["failed"], f"requests failed while journald restarted: {res}"
+    assert root.service(journald).is_running, "journald did not come back"
+    restarted = root.run(f"systemctl show -p ExecMainStartTimestampMonotonic --value {journald}")
+    assert restarted.stdout.strip() != started.stdout.strip(), "journald was not restarted"
+    since = root.run(f"systemctl show -p ActiveEnterTimestamp --value {journald}").stdout.strip()
+    # vLLM logs its engine's stats every 10 s while it serves: the load after the kill ran 15 s
+    inst = f"vllm@{profile['instances'][0]['name']}.service"
+    lines = root.run(f"journalctl -u {inst} --since {shlex.quote(since)} -o cat --no-pager").stdout
+    record_property("instance_lines_after", len(lines.splitlines()))
+    assert lines.strip(), f"nothing from {inst} reached the journal after journald restarted"
+
+
 def test_stack_restarted_under_load(root: Any, profile: dict[str, Any], api_key: HostKey,
                                     public: Public, record_property: Any) -> None:
     """`systemctl restart inference.target` (what a changed unit file or a user asks for) stops
