@@ -31,10 +31,11 @@ def _operands(m: int, n: int, k: int, scales: str, bias: bool, out: torch.dtype)
     sa = sa if scales in ("token", "both") else sa.reshape(1)
     sb = sb if scales in ("channel", "both") else sb.reshape(1)
     bi = torch.randn(n, device="cuda").to(out) if bias else None
-    return a, b, sa, sb, bi
+    return dispatch.FP8Operands(a, b, sa, sb, bi, out)
 
 
-def _reference(a, b, sa, sb, bi) -> torch.Tensor:
+def _reference(ops: dispatch.FP8Operands) -> torch.Tensor:
+    a, b, sa, sb, bi, _ = ops
     ref = (a.float() * sa.reshape(-1, 1).float()) @ (b.float() * sb.reshape(1, -1).float())
     return ref + bi.float() if bi is not None else ref
 
@@ -45,29 +46,29 @@ def _reference(a, b, sa, sb, bi) -> torch.Tensor:
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_gemv_matches_float32(n, k, m, scales, bias, out):
-    a, b, sa, sb, bi = _operands(m, n, k, scales, bias, out)
-    assert gemv.supports(a, b, sa, sb)
+    ops = _operands(m, n, k, scales, bias, out)
+    assert gemv.supports(ops)
     got = torch.full((m, n), float("nan"), device="cuda", dtype=out)
-    got.copy_(gemv.fp8_gemv(KERNEL, a, b, sa, sb, bi, out))
-    ref = _reference(a, b, sa, sb, bi)
+    got.copy_(gemv.fp8_gemv(KERNEL, ops))
+    ref = _reference(ops)
     assert not torch.isnan(got).any(), "an output element was never written"
     err = (got.float() - ref).norm() / ref.norm()
     assert err < 1e-2, f"relative error {err:.2e}"
 
 
 def test_strided_scale_is_not_taken_by_the_gemv():
-    a, b, _, sb, _ = _operands(2, 4096, 4096, "channel", False, torch.bfloat16)
+    ops = _operands(2, 4096, 4096, "channel", False, torch.bfloat16)
     wide = torch.rand(2, 3, device="cuda") + 0.5
     sa = wide[:, 1:2]  # a column of a wider tensor: per-token values, not contiguous
     assert not sa.is_contiguous()
-    assert not gemv.supports(a, b, sa, sb)
-    assert gemv.supports(a, b, sa.contiguous(), sb)
+    assert not gemv.supports(ops._replace(scale_a=sa))
+    assert gemv.supports(ops._replace(scale_a=sa.contiguous()))
 
 
 def test_a_failing_triton_kernel_costs_one_gemm_not_the_engine(monkeypatch):
     vllm_kernel = pytest.importorskip("inference_image_vllm.vllm_kernel",
                                       reason="needs vLLM (GPU machine)")
-    a, b, sa, sb, _ = _operands(1, 4096, 4096, "tensor", False, torch.bfloat16)
+    ops = _operands(1, 4096, 4096, "tensor", False, torch.bfloat16)
 
     def broken(*_args, **_kw):
         raise RuntimeError("Triton compile failed (planted)")
@@ -77,6 +78,6 @@ def test_a_failing_triton_kernel_costs_one_gemm_not_the_engine(monkeypatch):
         def kernel(self, m, n, k):
             return KERNEL
     monkeypatch.setattr(dispatch, "table", lambda: OneKernel())
-    got = vllm_kernel._fp8_mm(a, b, sa, sb, None, torch.bfloat16)
-    ref = _reference(a, b, sa, sb, None)
+    got = vllm_kernel._fp8_mm(*ops)
+    ref = _reference(ops)
     assert (got.float() - ref).norm() / ref.norm() < 1e-2

@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     import torch
 
 # The kernel names and limits live in a torch-free module that gemv.py reads too (no import loop).
-from .kernels import GEMV_CONFIGS, GEMV_MAX_M, KERNELS, gemv_name, parse_gemv
+from .kernels import GEMV_CONFIGS, GEMV_MAX_M, KERNELS, FP8Operands, gemv_name, parse_gemv
 
-__all__ = ["GEMV_CONFIGS", "GEMV_MAX_M", "KERNELS", "Table", "gemv_name", "parse_gemv", "run",
-           "table"]
+__all__ = ["GEMV_CONFIGS", "GEMV_MAX_M", "KERNELS", "FP8Operands", "Table", "gemv_name",
+           "parse_gemv", "run", "table"]
 
 
 class Table:
@@ -121,24 +121,18 @@ def table() -> Table:
     return _table
 
 
-def run(
-    kernel: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor,
-    scale_b: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """a [M, K] FP8 row-major, b [K, N] FP8 column-major (vLLM's layout for both kernels)."""
+def run(kernel: str, ops: FP8Operands) -> torch.Tensor:
+    """The product of `ops` on `kernel` (a name from the table; the GEMV falls back to Cutlass
+    for operands it does not take)."""
     import torch
 
     if kernel.startswith("triton:"):
         from . import gemv
 
-        if gemv.supports(a, b, scale_a, scale_b):
-            return gemv.fp8_gemv(kernel, a, b, scale_a, scale_b, bias, out_dtype)
+        if gemv.supports(ops):
+            return gemv.fp8_gemv(kernel, ops)
         kernel = "cutlass"
+    a, b, scale_a, scale_b, bias, out_dtype = ops
     if kernel != "cutlass" and scale_a.numel() == 1 and scale_b.numel() == 1:
         return torch._scaled_mm(
             a,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import GEMV_MAX_M, parse_gemv
+from .kernels import GEMV_MAX_M, FP8Operands, parse_gemv
 
 
 @triton.jit
@@ -57,7 +57,8 @@ def _fp8_gemv_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def supports(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> bool:
+def supports(ops: FP8Operands) -> bool:
+    a, b, scale_a, scale_b = ops.a, ops.b, ops.scale_a, ops.scale_b
     m, n = a.shape[0], b.shape[1]
     # The kernel indexes a per-token or per-channel scale as a dense vector: a strided view (a
     # column of a wider tensor) read that way gave a relative error of 0.37.
@@ -66,17 +67,9 @@ def supports(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
             and scale_a.is_contiguous() and scale_b.is_contiguous())
 
 
-def fp8_gemv(
-    kernel: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor,
-    scale_b: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """a [M, K] FP8 row-major (M <= dispatch.GEMV_MAX_M), b [K, N] FP8 column-major; scales per tensor, per
-    token (a) or per channel (b)."""
+def fp8_gemv(kernel: str, ops: FP8Operands) -> torch.Tensor:
+    """`ops` with at most GEMV_MAX_M rows, on the block shape `kernel` names."""
+    a, b, scale_a, scale_b, bias, out_dtype = ops
     cfg = parse_gemv(kernel)
     assert cfg is not None, kernel
     bn, bk, warps, stages = cfg

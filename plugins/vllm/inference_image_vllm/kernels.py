@@ -3,6 +3,25 @@ shapes. Imports nothing, so the table code and the kernels can both read it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
+
+
+class FP8Operands(NamedTuple):
+    """One FP8 GEMM's inputs, as vLLM's Cutlass kernel takes them and every kernel here runs them:
+    a [M, K] FP8 row-major, b [K, N] FP8 column-major, a's scale per tensor or per token (row),
+    b's per tensor or per channel (column), an optional bias over N, the output dtype."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale_a: torch.Tensor
+    scale_b: torch.Tensor
+    bias: torch.Tensor | None
+    out_dtype: torch.dtype
+
+
 KERNELS = ("cutlass", "cublaslt", "cublaslt_fast")
 GEMV_MAX_M = 4  # beyond a few rows a GEMV re-reads its weight tile per row: a GEMM kernel's job
 

@@ -7,7 +7,7 @@ captured CUDA graph (one per batch size) records the kernel for its size.
 """
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from vllm.model_executor.kernels.linear.scaled_mm.cutlass import CutlassFP8ScaledMMLinearKernel
@@ -28,13 +28,14 @@ def _fp8_mm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     kern = dispatch.table().kernel(a.shape[0], b.shape[1], b.shape[0])
+    ops = dispatch.FP8Operands(a, b, scale_a, scale_b, bias, out_dtype)
     try:
-        return dispatch.run(kern, a, b, scale_a, scale_b, bias, out_dtype)
+        return dispatch.run(kern, ops)
     except Exception:  # a Triton compile or launch failure must cost a GEMM, not the engine
         if kern == "cutlass":
             raise
         _warn_once(kern, a.shape[0], b.shape[1], b.shape[0])
-        return dispatch.run("cutlass", a, b, scale_a, scale_b, bias, out_dtype)
+        return dispatch.run("cutlass", ops)
 
 
 _warned: set[str] = set()
@@ -47,15 +48,10 @@ def _warn_once(kern: str, m: int, n: int, k: int) -> None:
                        "this kernel's batches from now on", kern, m, n, k, exc_info=True)
 
 
-def _fp8_mm_fake(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    scale_a: torch.Tensor,
-    scale_b: torch.Tensor,
-    bias: Optional[torch.Tensor],  # noqa: UP045 (torch infers the op schema from it)
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+def _fp8_mm_fake(a: torch.Tensor, b: torch.Tensor, *rest: Any) -> torch.Tensor:
+    # The op's schema is _fp8_mm's; its fake is called with the same arguments and needs only
+    # the shapes and the output dtype (the last argument).
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=rest[-1])
 
 
 class InferenceImageFP8ScaledMMLinearKernel(CutlassFP8ScaledMMLinearKernel):
