@@ -42,6 +42,27 @@ def test_sysprep_check_finds_the_key_in_nginx_map_too(tmp_path: Path) -> None:
     assert proc.returncode == 1
 
 
+def test_sysprep_check_finds_the_builds_downloads_where_render_puts_them(tmp_path: Path) -> None:
+    """The build's staging folder (wheels, the hub CLI's home) is one path in PATHS: the roles
+    stage under it, sysprep removes it, and the check is told it (it fails when not told)."""
+    stage = tmp_path / "stage"
+    (stage / "hf").mkdir(parents=True)
+    check = ROOT / "roles/sysprep/files/inference-sysprep-check"
+    env = {**os.environ, "SYSPREP_MACHINE_FILES": str(tmp_path / "none"), "SYSPREP_FORBIDDEN_FILE": ""}
+    proc = subprocess.run(["bash", str(check)], env={**env, "SYSPREP_BUILD_STAGE": str(stage)},
+                          capture_output=True, text=True, check=False)
+    assert f"cache left: {stage}" in proc.stdout and proc.returncode == 1
+    proc = subprocess.run(["bash", str(check)], env=env, capture_output=True, text=True, check=False)
+    assert "SYSPREP_BUILD_STAGE is not set" in proc.stdout
+    roles = {p: (ROOT / p).read_text() for p in (
+        "roles/sysprep/tasks/main.yml", "roles/vllm/defaults/main.yml",
+        "roles/python_venv/defaults/main.yml", "roles/models/defaults/main.yml",
+        "roles/inference_service/tasks/main.yml")}
+    for path, text in roles.items():
+        assert "inference_paths.build_stage" in text, path
+        assert "/var/tmp/inference-image" not in text, f"{path} types a staging path again"
+
+
 def test_sysprep_removes_both_key_files(h100: Path) -> None:
     extra = json.loads((h100 / "ansible/extra-vars.json").read_text())
     assert {PATHS["api_key"], PATHS["api_key_map"]} <= set(extra["sysprep_machine_files"])

@@ -45,6 +45,9 @@ PATHS = {
     "acme_conf": "/etc/inference-image/acme",
     "acme_state": "/var/lib/inference-image/acme",
     "acme_run": "/usr/local/sbin/inference-acme",
+    # what the build downloads for itself (wheels, the model hub CLI's home and token): sysprep
+    # removes it and its check fails an image that still has it
+    "build_stage": "/var/tmp/inference-image-build",
 }
 # What first boot makes on each machine (and the ACME account, certificate and request that
 # belong to one machine's domain), and sysprep removes before a snapshot.
