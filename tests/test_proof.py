@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,3 +296,56 @@ def test_tune_measures_the_shapes_of_the_tiers_own_model_and_split() -> None:
     assert proof.tune_models(resolve("h100")) == ["--model", "4096,14336,32,8,128,1"]
     assert proof.tune_models(resolve("h200")) == ["--model", "8192,28672,64,8,128,1"]
     assert proof.tune_models(resolve("h100x8")) == ["--model", "8192,28672,64,8,128,2"]
+
+
+def test_layouts_are_the_splits_that_fit_and_the_choice_follows_the_targets(tmp_path: Path) -> None:
+    """h100x8: 70B FP8 does not fit one H100 with its KV cache, so 8 x TP1 is no candidate. The
+    choice is the fastest layout at the target concurrency within the TTFT p99 target; one that
+    failed requests or missed the target loses, and says why."""
+    assert proof.layout_candidates("h100x8") == [(4, 2), (2, 4), (1, 8)]
+    plan = proof.layout_plan("h100x8")
+    assert [s.name() for s in plan.steps][3:] == ["layout-4x2", "layout-2x4", "layout-1x8",
+                                                  "choose", "assemble"]
+    assert plan.steps[4].sets == ("serving.instances=2", "serving.tensor_parallel_size=4")
+    assert proof.Plan.from_json(plan.to_json()) == plan
+    with pytest.raises(proof.ProofError, match="h100 has 1 GPU"):
+        proof.layout_plan("h100")
+    r = resolve("h100x8")  # targets: c=64, TTFT p99 3000 ms
+
+    def row(c: int, tok: float, p99: float, failed: int = 0) -> dict[str, Any]:
+        return {"concurrency": c, "scenario": "chat", "output_tok_s": tok, "ttft_ms_p99": p99,
+                "failed": failed}
+    runs = {"vanilla": [row(64, 9999, 1)],
+            "layout-4x2": [row(16, 900, 100), row(64, 2600, 2500)],
+            "layout-2x4": [row(64, 3100, 3500)],           # faster, but over the TTFT target
+            "layout-1x8": [row(64, 2900, 900, failed=2)]}   # a request failed
+    c = proof.choose_layout(runs, r)
+    assert c["chosen"] == "layout-4x2" and c["profile_now"] == "layout-4x2"
+    why = {e["label"]: e["out"] for e in c["candidates"] if "out" in e}
+    assert why == {"layout-2x4": "TTFT p99 3500 ms > target 3000", "layout-1x8": "2 requests failed"}
+    runs["layout-2x4"] = [row(64, 3100, 2900)]
+    c = proof.choose_layout(runs, r)
+    assert c["chosen"] == "layout-2x4" and "2600 tok/s < 3100" in str(c["candidates"])
+    assert proof.choose_layout({"layout-4x2": [row(16, 1, 1)]}, r)["chosen"] is None
+    out = tmp_path / "p.json"
+    assert cli.main(["proof", "plan", "--tier", "h100x8", "--layouts", "--write", str(out)]) == 0
+    assert proof.Plan.from_json(out.read_text()) == plan
+
+
+def test_choose_step_records_the_choice_and_what_to_write(tmp_path: Path, capsys) -> None:
+    rows = {"layout-4x2": [{"concurrency": 64, "output_tok_s": 2500.0, "ttft_ms_p99": 2000.0}],
+            "layout-2x4": [{"concurrency": 64, "output_tok_s": 2700.0, "ttft_ms_p99": 2100.0}]}
+    (tmp_path / "proof.json").write_text(json.dumps({"runs": rows}))
+    runner = proof.Runner(plan=proof.Plan(tier="h100x8", steps=[proof.Step("choose")]),
+                          out=tmp_path, work=tmp_path / "w", model_dir=tmp_path / "m")
+    runner.run()
+    doc = json.loads((tmp_path / "proof.json").read_text())
+    assert doc["layout_choice"]["chosen"] == "layout-2x4" and "failed" not in doc
+    assert ("h100x8 should change: serving.instances: 2, serving.tensor_parallel_size: 4"
+            in capsys.readouterr().out)
+    (tmp_path / "proof.json").write_text(json.dumps({"runs": {"layout-4x2": [
+        {"concurrency": 64, "output_tok_s": 2500.0, "ttft_ms_p99": 9000.0}]}}))
+    runner.results = {}
+    runner.run()
+    assert "no layout of h100x8 met TTFT p99" in json.loads(
+        (tmp_path / "proof.json").read_text())["failed"]["choose"]

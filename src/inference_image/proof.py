@@ -45,7 +45,7 @@ from .render import render
 from .schema import CatalogModel, acceptance_problem, unknown_scenario
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
-                   "trace", "assemble"]
+                   "trace", "choose", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
@@ -213,6 +213,79 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
                               concurrency=() if full else short))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
+
+
+def layout_candidates(tier: str) -> list[tuple[int, int]]:
+    """Every split of the tier's GPUs into instances of one tensor-parallel size (a power of two)
+    that the profile's validation accepts (the model and its KV cache fit): (instances, TP),
+    smallest TP first. The profile's other settings stay as they are."""
+    g = max(1, resolve(tier).profile.hardware.gpu_count)
+    out = []
+    for tp in (t for t in (1, 2, 4, 8) if t <= g and g % t == 0):
+        try:
+            resolve(tier, overrides=layout_sets(g // tp, tp))
+        except ProfileErrors:
+            continue
+        out.append((g // tp, tp))
+    return out
+
+
+def layout_sets(instances: int, tp: int) -> list[str]:
+    return [f"serving.instances={instances}", f"serving.tensor_parallel_size={tp}"]
+
+
+def layout_plan(tier: str, concurrency: tuple[int, ...] = ()) -> Plan:
+    """The tier's candidate layouts, each served whole (`layout`: every instance at once, the load
+    spread over them), then `choose`: the layout the profile should have, by the rule in
+    choose_layout. Concurrency: 1, 16 and the tier's target unless given."""
+    r = resolve(tier)
+    if r.profile.hardware.gpu_count < 2:
+        raise ProofError(f"{tier} has {r.profile.hardware.gpu_count or 'no'} GPU(s): no layout to "
+                         "choose. Fix: a tier of several GPUs (h100x8)")
+    cands = layout_candidates(tier)
+    if not cands:
+        raise ProofError(f"{tier}: no split of its {r.profile.hardware.gpu_count} GPUs fits the "
+                         "model. Fix: check the profile's model and memory settings")
+    conc = concurrency or tuple(sorted({1, 16, r.profile.targets.concurrency}))
+    steps = [Step("info"), Step("bandwidth"), Step("models")]
+    steps += [Step("layout", label=f"layout-{n}x{tp}", sets=tuple(layout_sets(n, tp)),
+                   concurrency=conc) for n, tp in cands]
+    steps += [Step("choose"), Step("assemble")]
+    return Plan(tier=tier, concurrency=conc, steps=steps)
+
+
+def choose_layout(runs: dict[str, list[dict[str, Any]]], r: Resolved) -> dict[str, Any]:
+    """The measured layout with the highest output tok/s at the tier's target concurrency and
+    scenario whose TTFT p99 stays within the target and where no request failed; each candidate's
+    figures and why it lost. `chosen` is None when none qualifies."""
+    t = r.profile.targets
+    table, best = [], None
+    for label, rows in sorted(runs.items()):
+        m = re.fullmatch(r"layout-(\d+)x(\d+)", label)
+        if not m:
+            continue
+        row = next((x for x in rows if x["concurrency"] == t.concurrency
+                    and x.get("scenario", "chat") == t.scenario), None)
+        entry: dict[str, Any] = {"label": label, "instances": int(m[1]), "tp": int(m[2])}
+        if row is None:
+            entry["out"] = f"not measured at {t.scenario} c={t.concurrency}"
+        else:
+            entry.update(output_tok_s=row["output_tok_s"], ttft_ms_p99=row["ttft_ms_p99"],
+                         failed=row.get("failed", 0))
+            if row.get("failed"):
+                entry["out"] = f"{row['failed']} requests failed"
+            elif row["ttft_ms_p99"] > t.ttft_p99_ms:
+                entry["out"] = f"TTFT p99 {row['ttft_ms_p99']:.0f} ms > target {t.ttft_p99_ms:g}"
+            elif best is None or row["output_tok_s"] > best["output_tok_s"]:
+                best = entry
+        table.append(entry)
+    for e in table:
+        if best is not None and e is not best and "out" not in e:
+            e["out"] = f"{e['output_tok_s']:.0f} tok/s < {best['output_tok_s']:.0f}"
+    return {"chosen": best["label"] if best else None, "concurrency": t.concurrency,
+            "scenario": t.scenario, "ttft_p99_target_ms": t.ttft_p99_ms,
+            "profile_now": f"layout-{r.profile.serving.instances}x{r.profile.serving.tensor_parallel_size}",
+            "candidates": table}
 
 
 # ---- the machine ------------------------------------------------------------------------------
@@ -749,6 +822,24 @@ class Runner:
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
 
+    def step_choose(self, step: Step) -> None:
+        """The layout the measurements choose (choose_layout), and what to write in the profile."""
+        r = self.resolved()
+        choice = choose_layout(self.results.get("runs", {}), r)
+        self.results["layout_choice"] = choice
+        for e in choice["candidates"]:
+            figures = (f"{e['output_tok_s']:.1f} tok/s, TTFT p99 {e['ttft_ms_p99']:.0f} ms"
+                       if "output_tok_s" in e else "")
+            print(f"{e['label']:<14}{figures:<36}{e.get('out', 'CHOSEN')}", flush=True)
+        if choice["chosen"] is None:
+            raise ProofError(f"no layout of {r.profile.tier} met TTFT p99 <= "
+                             f"{choice['ttft_p99_target_ms']:g} ms at c={choice['concurrency']}")
+        n, tp = (int(x) for x in choice["chosen"].removeprefix("layout-").split("x"))
+        verdict = "keeps its layout" if choice["chosen"] == choice["profile_now"] else "should change"
+        print(f"{r.profile.tier} {verdict}: serving.instances: {n}, serving.tensor_parallel_size: "
+              f"{tp}  # chosen by measurement: {choice['chosen']} at {choice['scenario']} "
+              f"c={choice['concurrency']} (docs/benchmarks.md, this run)", flush=True)
+
     def step_assemble(self, step: Step) -> None:
         print(assemble(self.results, self.resolved()))
 
@@ -852,8 +943,13 @@ def _start(args: argparse.Namespace, plan: Plan) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    plan = standard_plan(args.tier, args.acceptance_lengths, tuple(args.concurrency),
-                         tuple(args.short_concurrency))
+    try:
+        plan = (layout_plan(args.tier) if args.layouts else standard_plan(
+            args.tier, args.acceptance_lengths, tuple(args.concurrency),
+            tuple(args.short_concurrency)))
+    except ProofError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     plan.min_prompts, plan.prompts_per_concurrency = args.min_prompts, args.prompts_per_concurrency
     text = plan.to_json()
     if args.write:
@@ -933,6 +1029,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: 1.0 and k+1, the worst and best a k-token draft can do)")
     p.add_argument("--short-concurrency", type=bench._ints, default=[1, 4, 16, 64],
                    help="concurrencies of every acceptance length after the first")
+    p.add_argument("--layouts", action="store_true",
+                   help="instead: every split of the tier's GPUs into instances x TP that fits, "
+                   "each served whole, and the one to ship chosen (`choose`)")
     p.add_argument("--write", metavar="FILE")
     p.set_defaults(func=cmd_plan)
 
