@@ -48,6 +48,8 @@ PATHS = {
     # what the build downloads for itself (wheels, the model hub CLI's home and token): sysprep
     # removes it and its check fails an image that still has it
     "build_stage": "/var/tmp/inference-image-build",
+    # a fleet droplet's role (router or worker) and its peers, written by user-data (fleet.py)
+    "fleet": "/etc/inference-image/fleet.json",
 }
 # What first boot makes on each machine (and the ACME account, certificate and request that
 # belong to one machine's domain), and sysprep removes before a snapshot.

@@ -1,0 +1,299 @@
+"""inference-image fleet: several droplets of one snapshot behind one endpoint (issue 18).
+
+A fleet file names a tier, how many droplets of it serve (workers), where (region, VPC) and from
+which snapshot (an id, or the Packer manifest of a DigitalOcean build). One more droplet, the
+router, runs the same image in a router role: nginx checks the API key there and only there, and
+vllm-router spreads requests over every instance of every worker with its cache-aware policy, so
+prompts that share a prefix keep meeting the same instance across droplets. The workers' instance
+ports are open to the router's droplet only (a DigitalOcean cloud firewall whose source is the
+router's tag); nothing of a worker but SSH is reachable from the internet.
+
+`plan` prints all of that in one screen; `up --dry-run` prints the DigitalOcean API calls (pydo,
+DigitalOcean's official client) with their bodies and each role's user-data. What is not built
+yet: the image does not act on its fleet role (PATHS["fleet"]) at first boot, so `up` without
+--dry-run refuses to create droplets.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, StringConstraints, ValidationError
+
+from .profiles import ProfileError, ProfileErrors, Resolved, _pydantic_errors, _read_yaml, resolve
+from .render import PATHS
+from .schema import Name, Slug, Strict
+
+Uuid = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")]
+# a snapshot id, or the path of a Packer manifest.json that names one
+SnapshotRef = Annotated[str, StringConstraints(pattern=r"^([0-9]+|[A-Za-z0-9._/-]+\.json)$")]
+SshKey = Annotated[str, StringConstraints(pattern=r"^([0-9]+|[0-9a-f]{2}(:[0-9a-f]{2}){15})$")]
+WORKERS_PLACEHOLDER = "<the workers' private IPv4 addresses, once they exist>"
+
+
+class FleetSpec(Strict):
+    name: Slug = Field(description="prefix of every droplet, tag and firewall of the fleet")
+    tier: Name = Field(description="the profile every worker serves")
+    workers: int = Field(ge=1, le=64, description="droplets of the tier behind the router")
+    snapshot: SnapshotRef = Field(
+        description="the image: a DigitalOcean snapshot id, or build/images/<tier>-digitalocean/"
+        "manifest.json from `make image GPU=<tier>`")
+    region: Slug | None = Field(None, description="default: the tier's digitalocean.region")
+    vpc_uuid: Uuid | None = Field(None, description="default: the region's default VPC")
+    router_tier: Name = Field(
+        "cpu", description="the profile whose droplet size the router gets (it needs no GPU)")
+    ssh_keys: list[SshKey] = Field(default_factory=list,
+                                   description="SSH key ids or MD5 fingerprints on the account")
+
+
+@dataclass(frozen=True)
+class Droplet:
+    name: str
+    role: str  # "router" | "worker"
+    size: str
+    usd_per_hour: float
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: FleetSpec
+    tier: Resolved
+    router_tier: Resolved
+    snapshot_id: int
+    snapshot_source: str
+    region: str
+    droplets: tuple[Droplet, ...]
+    firewalls: tuple[dict[str, Any], ...]
+
+    @property
+    def usd_per_hour(self) -> float:
+        return sum(d.usd_per_hour for d in self.droplets)
+
+    @property
+    def instance_ports(self) -> list[int]:
+        return [i.port for i in self.tier.instances]
+
+
+class FleetError(Exception):
+    pass
+
+
+def load(path: Path) -> FleetSpec:
+    """The fleet file, validated: ProfileErrors (one line per problem, naming the field)."""
+    data = _read_yaml(path)
+    try:
+        return FleetSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileErrors(_pydantic_errors(exc, FleetSpec, {}, str(path))) from None
+
+
+def snapshot_id(ref: str, region: str, base: Path) -> tuple[int, str]:
+    """The snapshot's id and where it came from. A manifest must name a DigitalOcean build whose
+    snapshot is in the fleet's region (a droplet is made only where its image is)."""
+    if ref.isdigit():
+        return int(ref), "given"
+    path = (base / ref) if not Path(ref).is_absolute() else Path(ref)
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FleetError(f"snapshot: cannot read {path} ({exc}). Fix: give the snapshot id, or the "
+                         "manifest.json of `make image GPU=<tier> BUILDER=digitalocean`") from None
+    builds = [b for b in manifest.get("builds", []) if b.get("builder_type") == "digitalocean"]
+    if not builds:
+        raise FleetError(f"snapshot: {path} names no DigitalOcean build. Fix: give the manifest of a "
+                         "BUILDER=digitalocean build, or the snapshot id")
+    # packer-plugin-digitalocean's artifact id: "region[,region...]:snapshot_id"
+    regions, _, sid = str(builds[-1].get("artifact_id", "")).rpartition(":")
+    if not sid.isdigit():
+        raise FleetError(f"snapshot: {path}'s artifact_id {builds[-1].get('artifact_id')!r} is not "
+                         "REGIONS:ID")
+    if region not in regions.split(","):
+        raise FleetError(f"snapshot: {sid} is in {regions}, the fleet is in {region}. Fix: set "
+                         f"region: {regions.split(',')[0]}, or copy the snapshot to {region}")
+    return int(sid), str(path)
+
+
+def _droplet_usd(r: Resolved) -> float:
+    # price_per_gpu_hour is per droplet on the cpu tier (no GPU)
+    return r.profile.digitalocean.price_per_gpu_hour * max(1, r.profile.hardware.gpu_count)
+
+
+def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
+    tier, router_tier = resolve(spec.tier), resolve(spec.router_tier)
+    region = spec.region or tier.profile.digitalocean.region
+    sid, source = snapshot_id(spec.snapshot, region, base)
+    fleet_tag, rtag, wtag = (f"inference-image-fleet-{spec.name}", f"{spec.name}-router",
+                             f"{spec.name}-worker")
+    droplets = [Droplet(f"{spec.name}-router", "router", router_tier.profile.digitalocean.size,
+                        _droplet_usd(router_tier), (fleet_tag, rtag))]
+    droplets += [Droplet(f"{spec.name}-worker-{i}", "worker", tier.profile.digitalocean.size,
+                         _droplet_usd(tier), (fleet_tag, wtag))
+                 for i in range(1, spec.workers + 1)]
+    anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
+    out_all = [{"protocol": p, "ports": "all" if p != "icmp" else "", "destinations": anywhere}
+               for p in ("tcp", "udp", "icmp")]
+    for rule in out_all:
+        if not rule["ports"]:
+            del rule["ports"]
+    ports = [i.port for i in tier.instances]
+    span = str(ports[0]) if len(ports) == 1 else f"{min(ports)}-{max(ports)}"
+    firewalls = (
+        {"name": f"{spec.name}-edge", "tags": [rtag],
+         "inbound_rules": [{"protocol": "tcp", "ports": str(router_tier.profile.router.port),
+                            "sources": anywhere},
+                           {"protocol": "tcp", "ports": "22", "sources": anywhere}],
+         "outbound_rules": out_all},
+        {"name": f"{spec.name}-workers", "tags": [wtag],
+         "inbound_rules": [{"protocol": "tcp", "ports": span, "sources": {"tags": [rtag]}},
+                           {"protocol": "tcp", "ports": "22", "sources": anywhere}],
+         "outbound_rules": out_all},
+    )
+    return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
+
+
+def fleet_json(p: Plan, role: str, workers: list[str] | None = None) -> dict[str, Any]:
+    """What user-data writes to PATHS["fleet"] on a droplet of `role`."""
+    doc: dict[str, Any] = {"fleet": p.spec.name, "role": role}
+    if role == "router":
+        doc["workers"] = [f"http://{a}:{port}" for a in workers for port in p.instance_ports] \
+            if workers is not None else WORKERS_PLACEHOLDER
+    else:
+        doc["router_tag"] = f"{p.spec.name}-router"
+    return doc
+
+
+def user_data(p: Plan, role: str, workers: list[str] | None = None) -> str:
+    """cloud-config: the fleet role file, nothing secret (the router makes its API key itself at
+    first boot, as every machine of the image does)."""
+    content = json.dumps(fleet_json(p, role, workers), sort_keys=True)
+    doc = {"write_files": [{"path": PATHS["fleet"], "permissions": "0644", "content": content}]}
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=200)
+
+
+def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
+    """Every DigitalOcean API call of `up`, in order: (pydo method, its keyword arguments, why).
+    The router is made after the workers: its user-data lists their private addresses."""
+    def body(names: list[str], d: Droplet, role: str) -> dict[str, Any]:
+        b: dict[str, Any] = {"names": names, "region": p.region, "size": d.size,
+                             "image": p.snapshot_id, "tags": list(d.tags), "ipv6": True,
+                             "monitoring": True, "user_data": user_data(p, role)}
+        if p.spec.ssh_keys:
+            b["ssh_keys"] = list(p.spec.ssh_keys)
+        if p.spec.vpc_uuid:
+            b["vpc_uuid"] = p.spec.vpc_uuid
+        return b
+    workers = [d for d in p.droplets if d.role == "worker"]
+    router = next(d for d in p.droplets if d.role == "router")
+    return [
+        ("droplets.create", {"body": body([d.name for d in workers], workers[0], "worker")},
+         "the workers"),
+        ("droplets.list", {"tag_name": workers[0].tags[1]},
+         "again until every worker is active, for their private IPv4 addresses"),
+        ("droplets.create", {"body": body([router.name], router, "router")},
+         "the router, its user-data listing the workers' instances"),
+        *(("firewalls.create", {"body": fw}, "") for fw in p.firewalls),
+    ]
+
+
+def describe(p: Plan) -> str:
+    """The plan in one screen."""
+    s, t = p.spec, p.tier.profile
+    def usd(x: float) -> str:
+        return f"{x:.3f}" if x < 1 else f"{x:.2f}"
+    shown = p.droplets if len(p.droplets) <= 6 else p.droplets[:5]
+    rows = [("droplet", "role", "size", "$/hour")]
+    rows += [(d.name, d.role, d.size, usd(d.usd_per_hour)) for d in shown]
+    if len(shown) < len(p.droplets):
+        rows.append((f"... {len(p.droplets) - len(shown)} more workers", "worker",
+                     p.droplets[-1].size, f"{usd(p.droplets[-1].usd_per_hour)} each"))
+    rows.append(("total", "", "", usd(p.usd_per_hour)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    table = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    n_inst = len(p.tier.instances) * s.workers
+    per = t.digitalocean.price_per_gpu_hour
+    lines = [
+        f"fleet {s.name}: {s.workers} x {t.tier} ({t.description}) behind one router",
+        f"region {p.region}, VPC {s.vpc_uuid or 'the region default'}, snapshot {p.snapshot_id} "
+        f"({p.snapshot_source})",
+        *table,
+        f"  per month (730 h): ${p.usd_per_hour * 730:,.0f}; GPUs {t.hardware.gpu_count * s.workers} "
+        f"at ${per:.2f}/GPU-hour",
+        f"endpoint  {'https' if p.router_tier.profile.router.tls != 'off' else 'http'}://"
+        f"<{s.name}-router's public IPv4>:{p.router_tier.profile.router.port}  (API key: ssh root@"
+        f"<router> cat {PATHS['api_key']})",
+        f"routing   vllm-router on the router, {p.router_tier.profile.router.policy} over {n_inst} "
+        f"instances ({s.workers} workers x {len(p.tier.instances)}), ports "
+        f"{', '.join(map(str, p.instance_ports))} on the workers' private addresses",
+        f"firewall  {p.firewalls[0]['name']}: {p.router_tier.profile.router.port}/tcp and 22/tcp "
+        f"from anywhere to the router",
+        f"          {p.firewalls[1]['name']}: {p.firewalls[1]['inbound_rules'][0]['ports']}/tcp from "
+        "the router's tag only, 22/tcp from anywhere",
+        f"user-data router: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'router'))}",
+        f"user-data worker: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'worker'))}",
+        "not built yet: the image acting on its fleet role at first boot (`fleet up` runs only "
+        "with --dry-run)",
+    ]
+    return "\n".join(lines)
+
+
+def _load_plan(path: str) -> Plan | None:
+    """The fleet file's plan, or None after one line per problem on stderr."""
+    try:
+        return plan(load(Path(path)), Path(path).parent)
+    except ProfileErrors as exc:
+        errors: list[ProfileError | str] = list(exc.errors)
+    except FleetError as exc:
+        errors = [f"{path}: {exc}"]
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return None
+
+
+def cmd_plan(args: Any) -> int:
+    p = _load_plan(args.fleet)
+    if p is None:
+        return 1
+    print(describe(p))
+    return 0
+
+
+def cmd_up(args: Any) -> int:
+    p = _load_plan(args.fleet)
+    if p is None:
+        return 1
+    if not args.dry_run:
+        print("error: the image does not act on its fleet role yet (issue 18), so droplets made "
+              "now would each serve alone. Fix: `fleet up --dry-run` prints what `up` will do",
+              file=sys.stderr)
+        return 1
+    for i, (method, kwargs, why) in enumerate(api_calls(p), 1):
+        body = kwargs.get("body", {})
+        plain = {b: v for b, v in body.items() if b != "user_data"}  # user_data: shown below
+        args = ", ".join(f"{k}={json.dumps(plain, sort_keys=True) if k == 'body' else repr(v)}"
+                         for k, v in kwargs.items())
+        print(f"{i}. client.{method}({args}){f'  # {why}' if why else ''}")
+        if "user_data" in body:
+            print(re.sub(r"(?m)^", "     | ", body["user_data"].rstrip()))
+    return 0
+
+
+def register(sub: Any) -> None:
+    fp = sub.add_parser("fleet", help="several droplets of one snapshot behind one endpoint")
+    fsub = fp.add_subparsers(dest="fleet_cmd", required=True, metavar="ACTION")
+    p = fsub.add_parser("plan", help="the droplets, their cost, the endpoint, firewalls and "
+                        "user-data of a fleet file, in one screen")
+    p.add_argument("fleet", help="fleet file (YAML): name, tier, workers, snapshot, region, ...")
+    p.set_defaults(func=cmd_plan)
+    p = fsub.add_parser("up", help="make the fleet's droplets and firewalls (DigitalOcean API)")
+    p.add_argument("fleet")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every API call with its body and user-data; change nothing")
+    p.set_defaults(func=cmd_up)
