@@ -39,29 +39,36 @@ def test_the_example_plan_fits_one_screen_and_prices_every_droplet(capsys) -> No
     assert "https://<llama70b-router's public IPv4>:8000" in out
     edge, workers = p.firewalls
     assert edge["tags"] == ["llama70b-router"] and edge["inbound_rules"][0]["ports"] == "8000"
+    # vllm-router's own port, for the workers' add-worker calls only
+    assert edge["inbound_rules"][1] == {"protocol": "tcp", "ports": "8001",
+                                        "sources": {"tags": ["llama70b-worker"]}}
     assert workers["inbound_rules"][0] == {"protocol": "tcp", "ports": "8100-8103",
                                            "sources": {"tags": ["llama70b-router"]}}
     assert "not built yet" in out
 
 
-def test_user_data_is_cloud_config_naming_the_role_and_the_routers_workers() -> None:
+def test_user_data_is_cloud_config_naming_the_role_and_the_router_to_join() -> None:
+    """The router knows no worker up front; each worker is told the router's private address
+    and its own instance ports, so that it can join (and join again after a restart)."""
     p = fleet.plan(fleet.load(EXAMPLE))
-    ud = fleet.user_data(p, "router", ["10.10.0.3", "10.10.0.4"])
+    ud = fleet.user_data(p, "worker", "10.10.0.2")
     assert ud.startswith("#cloud-config\n")
     (f,) = yaml.safe_load(ud)["write_files"]
     assert f["path"] == PATHS["fleet"]
-    doc = json.loads(f["content"])
-    assert doc["role"] == "router" and len(doc["workers"]) == 8
-    assert doc["workers"][:2] == ["http://10.10.0.3:8100", "http://10.10.0.3:8101"]
-    assert json.loads(yaml.safe_load(fleet.user_data(p, "worker"))["write_files"][0]["content"]) \
-        == {"fleet": "llama70b", "role": "worker", "router_tag": "llama70b-router"}
+    assert json.loads(f["content"]) == {"fleet": "llama70b", "role": "worker",
+                                        "router": "http://10.10.0.2:8001",
+                                        "instance_ports": [8100, 8101, 8102, 8103]}
+    assert json.loads(yaml.safe_load(fleet.user_data(p, "router"))["write_files"][0]["content"]) \
+        == {"fleet": "llama70b", "role": "router", "worker_tag": "llama70b-worker"}
 
 
 def test_up_dry_run_prints_the_calls_in_order_and_up_makes_nothing_yet(capsys) -> None:
     calls = fleet.api_calls(fleet.plan(fleet.load(EXAMPLE)))
     assert [c[0] for c in calls] == ["droplets.create", "droplets.list", "droplets.create",
                                      "firewalls.create", "firewalls.create"]
-    workers = calls[0][1]["body"]
+    assert calls[0][1]["body"]["names"] == ["llama70b-router"]
+    assert calls[0][1]["body"]["size"] == "s-4vcpu-16gb-amd"
+    workers = calls[2][1]["body"]
     assert workers["names"] == [f"llama70b-worker-{i}" for i in range(1, 5)]
     assert workers["image"] == 123456789 and workers["region"] == "nyc2"
     assert "vpc_uuid" not in workers and "ssh_keys" not in workers

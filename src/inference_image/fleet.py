@@ -34,7 +34,7 @@ Uuid = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}(-[0-9a-f]{4}){3}-
 # a snapshot id, or the path of a Packer manifest.json that names one
 SnapshotRef = Annotated[str, StringConstraints(pattern=r"^([0-9]+|[A-Za-z0-9._/-]+\.json)$")]
 SshKey = Annotated[str, StringConstraints(pattern=r"^([0-9]+|[0-9a-f]{2}(:[0-9a-f]{2}){15})$")]
-WORKERS_PLACEHOLDER = "<the workers' private IPv4 addresses, once they exist>"
+ROUTER_PLACEHOLDER = "<the router's private IPv4, once it exists>"
 
 
 class FleetSpec(Strict):
@@ -148,6 +148,9 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
         {"name": f"{spec.name}-edge", "tags": [rtag],
          "inbound_rules": [{"protocol": "tcp", "ports": str(router_tier.profile.router.port),
                             "sources": anywhere},
+                           # the workers' add-worker calls to vllm-router
+                           {"protocol": "tcp", "ports": str(router_tier.profile.router.internal_port),
+                            "sources": {"tags": [wtag]}},
                            {"protocol": "tcp", "ports": "22", "sources": anywhere}],
          "outbound_rules": out_all},
         {"name": f"{spec.name}-workers", "tags": [wtag],
@@ -158,28 +161,32 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
     return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
 
 
-def fleet_json(p: Plan, role: str, workers: list[str] | None = None) -> dict[str, Any]:
-    """What user-data writes to PATHS["fleet"] on a droplet of `role`."""
+def fleet_json(p: Plan, role: str, router: str | None = None) -> dict[str, Any]:
+    """What user-data writes to PATHS["fleet"] on a droplet of `role`. The router knows no worker
+    up front: each worker registers its instances with the router's vllm-router at boot (its
+    add-worker call, on the router's private address), so a worker added later joins the running
+    router, and one that comes back after a failure joins again."""
     doc: dict[str, Any] = {"fleet": p.spec.name, "role": role}
     if role == "router":
-        doc["workers"] = [f"http://{a}:{port}" for a in workers for port in p.instance_ports] \
-            if workers is not None else WORKERS_PLACEHOLDER
+        doc["worker_tag"] = f"{p.spec.name}-worker"
     else:
-        doc["router_tag"] = f"{p.spec.name}-router"
+        doc["router"] = (f"http://{router}:{p.router_tier.profile.router.internal_port}"
+                         if router else ROUTER_PLACEHOLDER)
+        doc["instance_ports"] = p.instance_ports
     return doc
 
 
-def user_data(p: Plan, role: str, workers: list[str] | None = None) -> str:
+def user_data(p: Plan, role: str, router: str | None = None) -> str:
     """cloud-config: the fleet role file, nothing secret (the router makes its API key itself at
     first boot, as every machine of the image does)."""
-    content = json.dumps(fleet_json(p, role, workers), sort_keys=True)
+    content = json.dumps(fleet_json(p, role, router), sort_keys=True)
     doc = {"write_files": [{"path": PATHS["fleet"], "permissions": "0644", "content": content}]}
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=200)
 
 
 def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
     """Every DigitalOcean API call of `up`, in order: (pydo method, its keyword arguments, why).
-    The router is made after the workers: its user-data lists their private addresses."""
+    The router is made first: the workers' user-data names its private address."""
     def body(names: list[str], d: Droplet, role: str) -> dict[str, Any]:
         b: dict[str, Any] = {"names": names, "region": p.region, "size": d.size,
                              "image": p.snapshot_id, "tags": list(d.tags), "ipv6": True,
@@ -192,12 +199,11 @@ def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
     workers = [d for d in p.droplets if d.role == "worker"]
     router = next(d for d in p.droplets if d.role == "router")
     return [
+        ("droplets.create", {"body": body([router.name], router, "router")}, "the router"),
+        ("droplets.list", {"tag_name": router.tags[1]},
+         "again until the router is active, for its private IPv4"),
         ("droplets.create", {"body": body([d.name for d in workers], workers[0], "worker")},
-         "the workers"),
-        ("droplets.list", {"tag_name": workers[0].tags[1]},
-         "again until every worker is active, for their private IPv4 addresses"),
-        ("droplets.create", {"body": body([router.name], router, "router")},
-         "the router, its user-data listing the workers' instances"),
+         "the workers, their user-data naming the router"),
         *(("firewalls.create", {"body": fw}, "") for fw in p.firewalls),
     ]
 
@@ -233,7 +239,8 @@ def describe(p: Plan) -> str:
         f"instances ({s.workers} workers x {len(p.tier.instances)}), ports "
         f"{', '.join(map(str, p.instance_ports))} on the workers' private addresses",
         f"firewall  {p.firewalls[0]['name']}: {p.router_tier.profile.router.port}/tcp and 22/tcp "
-        f"from anywhere to the router",
+        f"from anywhere to the router, {p.router_tier.profile.router.internal_port}/tcp from the "
+        "workers' tag (they join by vllm-router's add-worker call)",
         f"          {p.firewalls[1]['name']}: {p.firewalls[1]['inbound_rules'][0]['ports']}/tcp from "
         "the router's tag only, 22/tcp from anywhere",
         f"user-data router: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'router'))}",
