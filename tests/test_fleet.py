@@ -71,6 +71,7 @@ def test_up_dry_run_prints_the_calls_in_order_and_up_makes_nothing_yet(capsys) -
     workers = calls[2][1]["body"]
     assert workers["names"] == [f"llama70b-worker-{i}" for i in range(1, 5)]
     assert workers["image"] == 123456789 and workers["region"] == "nyc2"
+    assert workers["tags"] == ["inference-image-fleet-llama70b", "llama70b-worker"]
     assert "vpc_uuid" not in workers and "ssh_keys" not in workers
     assert cli.main(["fleet", "up", "--dry-run", str(EXAMPLE)]) == 0
     assert capsys.readouterr().out.count("client.") == 5

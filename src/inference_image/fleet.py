@@ -58,7 +58,6 @@ class Droplet:
     role: str  # "router" | "worker"
     size: str
     usd_per_hour: float
-    tags: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,16 @@ class Plan:
 
 class FleetError(Exception):
     pass
+
+
+def tags(spec: FleetSpec, role: str) -> list[str]:
+    """A droplet's tags: the fleet's (what `down` would find) and its role's (what the firewalls
+    name as their target and source)."""
+    return [f"inference-image-fleet-{spec.name}", role_tag(spec, role)]
+
+
+def role_tag(spec: FleetSpec, role: str) -> str:
+    return f"{spec.name}-{role}"
 
 
 def load(path: Path) -> FleetSpec:
@@ -129,13 +138,11 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
     tier, router_tier = resolve(spec.tier), resolve(spec.router_tier)
     region = spec.region or tier.profile.digitalocean.region
     sid, source = snapshot_id(spec.snapshot, region, base)
-    fleet_tag, rtag, wtag = (f"inference-image-fleet-{spec.name}", f"{spec.name}-router",
-                             f"{spec.name}-worker")
+    rtag, wtag = role_tag(spec, "router"), role_tag(spec, "worker")
     droplets = [Droplet(f"{spec.name}-router", "router", router_tier.profile.digitalocean.size,
-                        _droplet_usd(router_tier), (fleet_tag, rtag))]
+                        _droplet_usd(router_tier))]
     droplets += [Droplet(f"{spec.name}-worker-{i}", "worker", tier.profile.digitalocean.size,
-                         _droplet_usd(tier), (fleet_tag, wtag))
-                 for i in range(1, spec.workers + 1)]
+                         _droplet_usd(tier)) for i in range(1, spec.workers + 1)]
     anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
     out_all = [{"protocol": p, "ports": "all" if p != "icmp" else "", "destinations": anywhere}
                for p in ("tcp", "udp", "icmp")]
@@ -168,7 +175,7 @@ def fleet_json(p: Plan, role: str, router: str | None = None) -> dict[str, Any]:
     router, and one that comes back after a failure joins again."""
     doc: dict[str, Any] = {"fleet": p.spec.name, "role": role}
     if role == "router":
-        doc["worker_tag"] = f"{p.spec.name}-worker"
+        doc["worker_tag"] = role_tag(p.spec, "worker")
     else:
         doc["router"] = (f"http://{router}:{p.router_tier.profile.router.internal_port}"
                          if router else ROUTER_PLACEHOLDER)
@@ -189,7 +196,7 @@ def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
     The router is made first: the workers' user-data names its private address."""
     def body(names: list[str], d: Droplet, role: str) -> dict[str, Any]:
         b: dict[str, Any] = {"names": names, "region": p.region, "size": d.size,
-                             "image": p.snapshot_id, "tags": list(d.tags), "ipv6": True,
+                             "image": p.snapshot_id, "tags": tags(p.spec, d.role), "ipv6": True,
                              "monitoring": True, "user_data": user_data(p, role)}
         if p.spec.ssh_keys:
             b["ssh_keys"] = list(p.spec.ssh_keys)
@@ -200,7 +207,7 @@ def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
     router = next(d for d in p.droplets if d.role == "router")
     return [
         ("droplets.create", {"body": body([router.name], router, "router")}, "the router"),
-        ("droplets.list", {"tag_name": router.tags[1]},
+        ("droplets.list", {"tag_name": role_tag(p.spec, "router")},
          "again until the router is active, for its private IPv4"),
         ("droplets.create", {"body": body([d.name for d in workers], workers[0], "worker")},
          "the workers, their user-data naming the router"),
