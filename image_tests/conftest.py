@@ -5,7 +5,6 @@ an Ansible inventory, local) and learn what to expect from the host itself:
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import socket
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from inference_image.cause import failure_cause
 from inference_image.render import PATHS
 
 PROFILE_JSON = PATHS["profile_json"]  # the one path a test must know before the host says
@@ -256,33 +256,12 @@ def pending_security_updates(root: Any) -> list[str]:
     return [ln for ln in sim.stdout.splitlines() if ln.startswith("Inst ") and "securi" in ln.lower()]
 
 
-CAUSE = re.compile(r"No space left|out of memory|Cannot allocate|can't allocate|OutOfMemory|"
-                   r"MemoryError|[A-Za-z]+Error:|Exception:|^ERROR|Killed|core dumped")
-# vLLM's log prefix: "(EngineCore pid=7) ERROR 11-23 14:44:17 [core.py:1510] message"
-VLLM_PREFIX = re.compile(r"^(\([^)]*\)\s+)?(?P<level>ERROR|WARNING|INFO|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
-# what a root cause says, as against "initialization failed, see above"
-ROOT_CAUSE = re.compile(r"No space left|memory|allocat|Permission denied|No such file|not found",
-                        re.I)
-
-
 def unit_failure_cause(root: Any, unit: str, since: str | None = None) -> str | None:
-    """The last line of a unit's journal that says why it failed (an error, a full disk, memory),
-    or None: warnings and traceback frames do not count, and a root cause ("... memory ...")
-    beats a summary ("see root cause above"). since: a journalctl --since value ("@1700000000")."""
+    """The line of a unit's journal that says why it failed (cause.failure_cause), or None.
+    since: a journalctl --since value ("@1700000000")."""
     window = f"--since {shlex.quote(since)}" if since else "-n 300"
-    out = root.run(f"journalctl -u {shlex.quote(unit)} {window} --no-pager -o cat").stdout
-    hits = []
-    for line in out.splitlines():
-        m = VLLM_PREFIX.match(line)
-        if m and m.group("level") != "ERROR":
-            continue
-        msg = line[m.end():] if m else line
-        if not msg.strip() or msg[0].isspace() or msg.startswith(("Traceback", "File ", "^")):
-            continue
-        if CAUSE.search(msg) or (m and ROOT_CAUSE.search(msg)):
-            hits.append(msg.strip())
-    best = [h for h in hits if ROOT_CAUSE.search(h)] or hits
-    return best[-1][:300] if best else None
+    return failure_cause(root.run(f"journalctl -u {shlex.quote(unit)} {window} --no-pager -o cat")
+                         .stdout)
 
 
 def why_not_serving(root: Any, inst: dict[str, Any]) -> str | None:

@@ -32,6 +32,7 @@ from typing import Any, Literal, get_args
 
 from . import bench, trace
 from .bench import acceptance, spec_counters
+from .cause import ROOT_CAUSE, failure_cause
 from .memory import decode_bytes_per_token, weight_bytes
 from .profiles import (
     ProfileErrors,
@@ -45,7 +46,7 @@ from .render import render
 from .schema import CatalogModel, acceptance_problem, unknown_scenario
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
-                   "trace", "choose", "assemble"]
+                   "trace", "choose", "cannot_start", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
@@ -821,6 +822,38 @@ class Runner:
         summary["file"] = biggest.name
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
+
+    def step_cannot_start(self, step: Step) -> None:
+        """The profile's instance started without the memory it needs (GPU tiers: vLLM's
+        --gpu-memory-utilization 0.05 appended, below its weights; cpu: a 1 PB KV cache, as the
+        faults suite does): it must end by itself, and its log must say why in one line, the line
+        the smoke suite (and so `verify`) reports from the journal (cause.failure_cause). What
+        systemd does next (restarts, the router serving on the other instances) the faults suite
+        checks on the cpu tier: the GPU machine has no systemd."""
+        label = step.name()
+        r = self.resolved(step.sets)
+        extra = "" if not r.is_gpu else "--gpu-memory-utilization 0.05"
+        r, runner, env, port, _ = self._instance(step, extra)
+        if not r.is_gpu:
+            env = {**env, "VLLM_CPU_KVCACHE_SPACE": "1000000"}
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        log = self.work / "logs" / f"{label}.log"
+        srv = start(runner, env, log, port)
+        try:
+            srv.proc.wait(600)
+        except subprocess.TimeoutExpired:
+            raise ProofError(f"{label}: still running after 600 s without its memory") from None
+        finally:
+            srv.stop()
+        cause = failure_cause(log.read_text(errors="replace"))
+        seconds = round(time.monotonic() - srv.started, 1)
+        self.results.setdefault("cannot_start", {})[label] = {
+            "exit": srv.proc.returncode, "seconds": seconds, "cause": cause, "fault": extra or
+            "VLLM_CPU_KVCACHE_SPACE=1000000"}
+        print(f"[{label}] exit {srv.proc.returncode} after {seconds} s: {cause}", flush=True)
+        if srv.proc.returncode == 0 or not cause or not ROOT_CAUSE.search(cause):
+            raise ProofError(f"{label}: exit {srv.proc.returncode}, and its log does not say "
+                             f"why in a line the smoke suite would report (got: {cause})")
 
     def step_choose(self, step: Step) -> None:
         """The layout the measurements choose (choose_layout), and what to write in the profile."""

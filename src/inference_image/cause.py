@@ -1,0 +1,33 @@
+"""Why a vLLM instance did not start, in one line, from its log: what the smoke suite (and so
+`verify`) reports for a unit that fails, and what the proof's `cannot-start` step checks on a GPU
+machine, where there is no journal but the same log."""
+
+from __future__ import annotations
+
+import re
+
+CAUSE = re.compile(r"No space left|out of memory|Cannot allocate|can't allocate|OutOfMemory|"
+                   r"MemoryError|[A-Za-z]+Error:|Exception:|^ERROR|Killed|core dumped")
+# vLLM's log prefix: "(EngineCore pid=7) ERROR 11-23 14:44:17 [core.py:1510] message"
+VLLM_PREFIX = re.compile(r"^(\([^)]*\)\s+)?(?P<level>ERROR|WARNING|INFO|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
+# what a root cause says, as against "initialization failed, see above"
+ROOT_CAUSE = re.compile(r"No space left|memory|allocat|Permission denied|No such file|not found",
+                        re.I)
+
+
+def failure_cause(log: str) -> str | None:
+    """The last line of a log that says why the process failed (an error, a full disk, memory),
+    or None: warnings and traceback frames do not count, and a root cause ("... memory ...")
+    beats a summary ("see root cause above")."""
+    hits = []
+    for line in log.splitlines():
+        m = VLLM_PREFIX.match(line)
+        if m and m.group("level") != "ERROR":
+            continue
+        msg = line[m.end():] if m else line
+        if not msg.strip() or msg[0].isspace() or msg.startswith(("Traceback", "File ", "^")):
+            continue
+        if CAUSE.search(msg) or (m and ROOT_CAUSE.search(msg)):
+            hits.append(msg.strip())
+    best = [h for h in hits if ROOT_CAUSE.search(h)] or hits
+    return best[-1][:300] if best else None
