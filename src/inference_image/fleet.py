@@ -77,7 +77,11 @@ class Plan:
 
     @property
     def instance_ports(self) -> list[int]:
-        return [i.port for i in self.tier.instances]
+        return instance_ports(self.tier)
+
+
+def instance_ports(r: Resolved) -> list[int]:
+    return [i.port for i in r.instances]
 
 
 class FleetError(Exception):
@@ -108,7 +112,7 @@ def snapshot_id(ref: str, region: str, base: Path) -> tuple[int, str]:
     snapshot is in the fleet's region (a droplet is made only where its image is)."""
     if ref.isdigit():
         return int(ref), "given"
-    path = (base / ref) if not Path(ref).is_absolute() else Path(ref)
+    path = base / ref  # an absolute ref stays itself
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -144,12 +148,9 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
     droplets += [Droplet(f"{spec.name}-worker-{i}", "worker", tier.profile.digitalocean.size,
                          _droplet_usd(tier)) for i in range(1, spec.workers + 1)]
     anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
-    out_all = [{"protocol": p, "ports": "all" if p != "icmp" else "", "destinations": anywhere}
-               for p in ("tcp", "udp", "icmp")]
-    for rule in out_all:
-        if not rule["ports"]:
-            del rule["ports"]
-    ports = [i.port for i in tier.instances]
+    out_all = [{"protocol": p, "ports": "all", "destinations": anywhere} for p in ("tcp", "udp")]
+    out_all.append({"protocol": "icmp", "destinations": anywhere})  # icmp has no ports
+    ports = instance_ports(tier)
     span = str(ports[0]) if len(ports) == 1 else f"{min(ports)}-{max(ports)}"
     firewalls = (
         {"name": f"{spec.name}-edge", "tags": [rtag],
