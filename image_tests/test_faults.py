@@ -35,6 +35,8 @@ from conftest import (
     why_not_serving,
 )
 
+from inference_image.cause import CPU_NO_MEMORY
+
 pytestmark = [pytest.mark.suite("faults"), pytest.mark.serving]
 
 LOAD_S = 20          # seconds of load per fault
@@ -223,7 +225,7 @@ def test_logs_that_cannot_be_written(root: Any, profile: dict[str, Any], api_key
 # (the drop-in's [Service] lines, what its journal line must name, whether only the cpu tier has it)
 CANNOT_START = {
     # a KV cache of 1 PB: vLLM cannot allocate it (GPU tiers: the GPU machine's own proof)
-    "memory": ("Environment=VLLM_CPU_KVCACHE_SPACE=1000000", r"memory|allocat", True),
+    "memory": ("Environment=" + "=".join(CPU_NO_MEMORY), r"memory|allocat", True),
     # the instance's temporary and cache files on a disk with too little room ({small})
     "disk-full": ("Environment=TMPDIR={small}/tmp", r"No space left", False),
 }

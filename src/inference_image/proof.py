@@ -32,7 +32,7 @@ from typing import Any, Literal, get_args
 
 from . import bench, trace
 from .bench import acceptance, spec_counters
-from .cause import ROOT_CAUSE, failure_cause
+from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
 from .memory import decode_bytes_per_token, weight_bytes
 from .profiles import (
     ProfileErrors,
@@ -832,10 +832,11 @@ class Runner:
         checks on the cpu tier: the GPU machine has no systemd."""
         label = step.name()
         r = self.resolved(step.sets)
-        extra = "" if not r.is_gpu else "--gpu-memory-utilization 0.05"
+        extra = "--gpu-memory-utilization 0.05" if r.is_gpu else ""
+        fault = extra or "=".join(CPU_NO_MEMORY)
         r, runner, env, port, _ = self._instance(step, extra)
         if not r.is_gpu:
-            env = {**env, "VLLM_CPU_KVCACHE_SPACE": "1000000"}
+            env = {**env, CPU_NO_MEMORY[0]: CPU_NO_MEMORY[1]}
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
         srv = start(runner, env, log, port)
@@ -848,8 +849,7 @@ class Runner:
         cause = failure_cause(log.read_text(errors="replace"))
         seconds = round(time.monotonic() - srv.started, 1)
         self.results.setdefault("cannot_start", {})[label] = {
-            "exit": srv.proc.returncode, "seconds": seconds, "cause": cause, "fault": extra or
-            "VLLM_CPU_KVCACHE_SPACE=1000000"}
+            "exit": srv.proc.returncode, "seconds": seconds, "cause": cause, "fault": fault}
         print(f"[{label}] exit {srv.proc.returncode} after {seconds} s: {cause}", flush=True)
         if srv.proc.returncode == 0 or not cause or not ROOT_CAUSE.search(cause):
             raise ProofError(f"{label}: exit {srv.proc.returncode}, and its log does not say "
