@@ -7,21 +7,27 @@ from __future__ import annotations
 
 from inference_image.cause import failure_cause
 
-CPU = """\
-(EngineCore pid=812) INFO 11-23 22:47:01 [core.py:98] Initializing a V1 LLM engine (v0.32.0)
-(EngineCore pid=812) WARNING 11-23 22:47:02 [cpu.py:120] Memory error-prone setting
-(EngineCore pid=812) ERROR 11-23 22:47:09 [core.py:1510] EngineCore failed to start.
-(EngineCore pid=812) ERROR 11-23 22:47:09 [core.py:1510] Traceback (most recent call last):
-(EngineCore pid=812) ERROR 11-23 22:47:09 [core.py:1510]   File "/opt/vllm/lib/python3.11/site-packages/vllm/v1/engine/core.py", line 1500, in run
-(EngineCore pid=812) ERROR 11-23 22:47:09 [core.py:1510] RuntimeError: Worker failed with error 'Available memory on node 0 (11.03/15.34 GiB) on kv cache allocation is less than requested memory for kv (1000000.0 GiB).'
-RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""
+P = "(EngineCore pid=812) "
+CPU = "\n".join([
+    P + "INFO 11-23 22:47:01 [core.py:98] Initializing a V1 LLM engine (v0.32.0)",
+    P + "WARNING 11-23 22:47:02 [cpu.py:120] Memory error-prone setting",
+    P + "ERROR 11-23 22:47:09 [core.py:1510] EngineCore failed to start.",
+    P + "ERROR 11-23 22:47:09 [core.py:1510] Traceback (most recent call last):",
+    P + "ERROR 11-23 22:47:09 [core.py:1510]   File \"/opt/vllm/lib/python3.11/site-packages/vllm/"
+        "v1/engine/core.py\", line 1500, in run",
+    P + "ERROR 11-23 22:47:09 [core.py:1510] RuntimeError: Worker failed with error 'Available "
+        "memory on node 0 (11.03/15.34 GiB) on kv cache allocation is less than requested memory "
+        "for kv (1000000.0 GiB).'",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+]) + "\n"
 
-GPU = """\
-(EngineCore pid=77) INFO 11-24 10:00:01 [gpu_model_runner.py:3000] Model loading took 8.49 GiB
-(EngineCore pid=77) ERROR 11-24 10:00:30 [core.py:1510] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
-RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""
+G = "(EngineCore pid=77) "
+GPU = "\n".join([
+    G + "INFO 11-24 10:00:01 [gpu_model_runner.py:3000] Model loading took 8.49 GiB",
+    G + "ERROR 11-24 10:00:30 [core.py:1510] ValueError: No available memory for the cache blocks. "
+        "Try increasing `gpu_memory_utilization` when initializing the engine.",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+]) + "\n"
 
 
 def test_the_root_cause_beats_the_summary_after_it() -> None:
