@@ -349,3 +349,38 @@ def test_choose_step_records_the_choice_and_what_to_write(tmp_path: Path, capsys
     runner.run()
     assert "no layout of h100x8 met TTFT p99" in json.loads(
         (tmp_path / "proof.json").read_text())["failed"]["choose"]
+
+
+def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() -> None:
+    import http.server
+    import threading
+
+    plan = proof.Plan(steps=[proof.Step("trace", label="ttft", prompt_tokens=512)])
+    assert proof.Plan.from_json(plan.to_json()).steps[0].prompt_tokens == 512
+    seen: list[dict[str, Any]] = []
+
+    class Stream(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b": keep-alive\n\ndata: {\"choices\": [{\"text\": \"a\"}]}\n\n"
+                             b"data: [DONE]\n\n")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stream)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        ms = proof.first_tokens(url, "m", 64, n=3, seed=5)
+        assert len(ms) == 3 and all(m > 0 for m in ms)
+        # new prompts each time (no prefix-cache hit), the same ones for the same seed
+        assert len({tuple(b["prompt"]) for b in seen}) == 3
+        assert all(len(b["prompt"]) == 64 and b["stream"] for b in seen)
+        proof.first_tokens(url, "m", 64, n=1, seed=5, max_tokens=1)
+        assert seen[-1]["prompt"] == seen[0]["prompt"] and seen[-1]["max_tokens"] == 1
+    finally:
+        srv.shutdown()

@@ -55,3 +55,25 @@ def test_summary_of_a_trace(tmp_path: Path) -> None:
 def test_a_trace_without_gpu_events_says_so() -> None:
     s = trace.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])
     assert "no GPU events" in s["error"] and trace.table(s) == s["error"]
+
+
+def test_bursts_cut_the_timeline_where_the_gpu_idles() -> None:
+    # two requests 10 ms apart; inside the first, a 1 ms host gap between two graph replays
+    events = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": -50, "dur": 5},
+        _k("sm90_xmma_gemm_e4m3", 0, 400),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1200, "dur": 5},
+        _k("void vllm::rms_norm_kernel<c10::BFloat16>", 1400, 100),
+        _k("sm90_xmma_gemm_e4m3", 11500, 300),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 11400, "dur": 5},
+    ]
+    pieces = trace.bursts(events)
+    assert [p["span_ms"] for p in pieces] == [1.5, 0.3]
+    assert pieces[0]["busy_ms"] == 0.5  # the 1 ms between the two kernels is not GPU time
+    assert pieces[0]["by_kind_ms"] == {"gemm": 0.4, "norm": 0.1}
+    assert (pieces[0]["graph_launches"], pieces[0]["kernel_launches"]) == (1, 1)
+    assert (pieces[1]["graph_launches"], pieces[1]["kernel_launches"]) == (1, 0)
+    assert trace.median_burst(pieces) == pieces[0]
+    assert trace.median_burst([]) == {}
+    s = {**trace.summarize(events), "bursts": pieces, "median_burst": pieces[0]}
+    assert "one request (median of 2): span 1.5 ms, GPU busy 0.5 ms" in trace.table(s)

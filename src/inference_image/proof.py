@@ -103,6 +103,9 @@ class Step:
     args: tuple[str, ...] = ()  # vanilla only: vLLM arguments beside its defaults
     # bench scenarios (bench.SCENARIOS); none: chat 512/512, the table every run shares
     scenarios: tuple[str, ...] = ()
+    # trace only: 0 traces decode (short greedy completions); N traces the first token of
+    # N-token prompts (the step TTFT is made of: the prefill, and the head's first proposals)
+    prompt_tokens: int = 0
 
     def name(self) -> str:
         return self.label or self.kind
@@ -138,6 +141,7 @@ class Plan:
                               published_acceptance=bool(s.get("published_acceptance", False)),
                               concurrency=tuple(s.get("concurrency", ())),
                               scenarios=tuple(s.get("scenarios", ())),
+                              prompt_tokens=int(s.get("prompt_tokens", 0)),
                               args=tuple(s.get("args", ()))))
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
@@ -374,6 +378,34 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
             ch = json.loads(resp.read())["choices"][0]
         res.append({"prompt": p, "text": ch["text"]})
     return res
+
+
+def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
+                 max_tokens: int = 4) -> list[float]:
+    """Milliseconds to the first streamed token of n prompts of `tokens` random token ids, one at a
+    time: bench's TTFT at c=1 without its harness. Each prompt is new (a seeded draw), so no
+    prefix-cache hit shortens a prefill."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids = [rng.randrange(1000, 30000) for _ in range(tokens)]
+        body = json.dumps({"model": model, "prompt": ids, "max_tokens": max_tokens,
+                           "temperature": 0,
+                           "ignore_eos": True, "stream": True}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        first = None
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            for line in resp:
+                if first is None and line.startswith(b"data: {"):
+                    first = (time.perf_counter() - t0) * 1e3
+        if first is None:
+            raise ProofError(f"{url}: a streamed completion sent no token")
+        out.append(round(first, 2))
+    return out
 
 
 def catalog_shapes(m: CatalogModel) -> dict[str, Any]:
@@ -791,9 +823,11 @@ class Runner:
         self._serve(step.name(), runner, env, port, r.profile.model.target, step, r, cache)
 
     def step_trace(self, step: Step) -> None:
-        """The profile as imaged under vLLM's torch profiler: warmed up, then one stream of
-        greedy completions (c=1: decode steps, the speculative ones included) traced, and the
-        trace summarised (trace.py): where a step's GPU time goes, how long the GPU idles."""
+        """The profile as imaged under vLLM's torch profiler: warmed up, then traced and the trace
+        summarised (trace.py): where a step's GPU time goes, how long the GPU idles. Decode (the
+        default): one stream of greedy completions, the speculative steps included. With
+        prompt_tokens: the first token of long prompts, one at a time, timed first without the
+        profiler (first_tokens), so the trace explains a measured TTFT."""
         label = step.name()
         tdir = self.work / "trace" / label
         shutil.rmtree(tdir, ignore_errors=True)
@@ -806,20 +840,45 @@ class Runner:
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         srv = start(runner, env, self.work / "logs" / f"{label}.log", port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
+        n = step.prompt_tokens
+
+        def work() -> list[float]:
+            if n:
+                # one token: each request is one engine step (prefill and first proposals), so
+                # the trace's pieces (trace.bursts) are those steps
+                return first_tokens(url, model, n, seed=1, max_tokens=1)
+            greedy(url, model)
+            return []
+
+        timed: dict[str, Any] = {}
+        profiled: list[float] = []
         try:
             srv.wait_ready()
-            greedy(url, model)  # warm-up: anything compiled on first use is compiled now
+            # warm-up: anything compiled on first use is compiled now
+            greedy(url, model)
+            if n:
+                first_tokens(url, model, n, n=4, seed=2)
+                timed = {"prompt_tokens": n, "first_token_ms": first_tokens(url, model, n, seed=3)}
             for action in ("start_profile", "stop_profile"):
                 urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
                                        timeout=600).read()
                 if action == "start_profile":
-                    greedy(url, model)
+                    profiled = work()
             files = wait_files(tdir, "*.pt.trace.json*", 300)
         finally:
             srv.stop()
         biggest = max(files, key=lambda f: f.stat().st_size)  # the GPU worker's, not the front end's
         summary = trace.summarize(trace.load(biggest))
         summary["file"] = biggest.name
+        if n:
+            summary["bursts"] = trace.bursts(trace.load(biggest))
+            summary["median_burst"] = trace.median_burst(summary["bursts"])
+        if timed:
+            timed["first_token_ms_profiled"] = profiled
+            summary.update(timed)
+            ms = sorted(timed["first_token_ms"])
+            print(f"[{label}] first token of {n}-token prompts, ms: median {ms[len(ms) // 2]} "
+                  f"(each: {timed['first_token_ms']})", flush=True)
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
 
@@ -1021,7 +1080,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_length=args.acceptance_length, published_acceptance=published,
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
-                concurrency=tuple(args.step_concurrency or ()))
+                concurrency=tuple(args.step_concurrency or ()),
+                prompt_tokens=args.trace_prompt_tokens)
     if step.kind == "vanilla":
         # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs
         std = next(s for s in standard_plan(args.tier, [], (1,), (1,)).steps if s.kind == "vanilla")
@@ -1088,6 +1148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-position acceptance: the draft's published figures (catalog) or "
                    "shares, one per draft token")
     p.add_argument("--step-concurrency", type=bench._ints)
+    p.add_argument("--trace-prompt-tokens", type=int, default=0, metavar="N",
+                   help="trace: the first token of N-token prompts instead of decode")
     p.add_argument("--scenario", action="append", default=[], type=_scenario,
                    help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}")
     p.set_defaults(func=cmd_step)

@@ -104,6 +104,48 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     }
 
 
+def bursts(events: list[dict[str, Any]], gap_us: float = 3000.0) -> list[dict[str, Any]]:
+    """The GPU timeline cut where it idles longer than gap_us: with requests sent one at a time,
+    each piece is one request's engine steps (a first-token trace: its prefill and the head's
+    first proposals). For each: its span, the GPU busy inside it, its kernels by kind, and the
+    launches the host made in it (a span much longer than its busy time is host time)."""
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"
+                  and "dur" in e), key=lambda e: e["ts"])
+    runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime" and "ts" in e),
+                     key=lambda e: e["ts"])
+    pieces: list[list[dict[str, Any]]] = []
+    end = float("-inf")
+    for e in gpu:
+        if e["ts"] - end > gap_us:
+            pieces.append([])
+        pieces[-1].append(e)
+        end = max(end, e["ts"] + e["dur"])
+    out = []
+    for piece in pieces:
+        s0 = piece[0]["ts"]
+        s1 = max(e["ts"] + e["dur"] for e in piece)
+        kinds: dict[str, float] = defaultdict(float)
+        for e in piece:
+            kinds[kind_of(e["name"], e["cat"])] += e["dur"]
+        # a launch belongs to the piece whose work it started: after the previous piece ended
+        launched = [e["name"] for e in runtime if s0 - gap_us < e["ts"] <= s1]
+        out.append({"span_ms": round((s1 - s0) / 1e3, 3),
+                    "busy_ms": round(union_us([(e["ts"], e["ts"] + e["dur"]) for e in piece]) / 1e3, 3),
+                    "kernels": sum(1 for e in piece if e["cat"] == "kernel"),
+                    "graph_launches": launched.count("cudaGraphLaunch"),
+                    "kernel_launches": sum(1 for n in launched if "LaunchKernel" in n),
+                    "by_kind_ms": {k: round(v / 1e3, 3) for k, v in
+                                   sorted(kinds.items(), key=lambda kv: -kv[1])}})
+    return out
+
+
+def median_burst(pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """The middle piece by span: one request's steps, typical of the trace."""
+    if not pieces:
+        return {}
+    return sorted(pieces, key=lambda p: p["span_ms"])[len(pieces) // 2]
+
+
 def table(s: dict[str, Any]) -> str:
     if "error" in s:
         return s["error"]
@@ -116,4 +158,9 @@ def table(s: dict[str, Any]) -> str:
               list(s["annotations"].items())[:10]]
     lines += [f"  host {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
               list(s.get("host_annotations", {}).items())[:10]]
+    if m := s.get("median_burst"):
+        lines.append(f"one request (median of {len(s.get('bursts', []))}): span {m['span_ms']} ms, "
+                     f"GPU busy {m['busy_ms']} ms, {m['kernels']} kernels, "
+                     f"{m['graph_launches']} graph + {m['kernel_launches']} kernel launches; "
+                     + ", ".join(f"{k} {v}" for k, v in m["by_kind_ms"].items()))
     return "\n".join(lines)
