@@ -382,5 +382,16 @@ def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() 
         assert all(len(b["prompt"]) == 64 and b["stream"] for b in seen)
         proof.first_tokens(url, "m", 64, n=1, seed=5, max_tokens=1)
         assert seen[-1]["prompt"] == seen[0]["prompt"] and seen[-1]["max_tokens"] == 1
+        # as bench sends it: no temperature, the server's default sampling
+        assert "temperature" not in seen[-1]
+        # closed loop: each timed prompt right after an answer to another prompt
+        del seen[:]
+        p = proof.first_token_probes(url, "m", 64, answer=32)
+        answers = [b for b in seen if b["max_tokens"] == 32]
+        timed = [b for b in seen if b["max_tokens"] == 4]
+        assert len(answers) == 8 and len(timed) == 16
+        assert [b["max_tokens"] for b in seen[-16:]] == [32, 4] * 8
+        assert len(p["idle_ms"]) == len(p["after_answer_ms"]) == 8
+        assert p["idle_median_ms"] == sorted(p["idle_ms"])[4]
     finally:
         srv.shutdown()

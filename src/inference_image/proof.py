@@ -103,8 +103,8 @@ class Step:
     args: tuple[str, ...] = ()  # vanilla only: vLLM arguments beside its defaults
     # bench scenarios (bench.SCENARIOS); none: chat 512/512, the table every run shares
     scenarios: tuple[str, ...] = ()
-    # trace only: 0 traces decode (short greedy completions); N traces the first token of
-    # N-token prompts (the step TTFT is made of: the prefill, and the head's first proposals)
+    # N: the first token of N-token prompts (TTFT at c=1 without bench's harness): vanilla and
+    # profile time it idle and right after an answer; trace traces it instead of decode
     prompt_tokens: int = 0
 
     def name(self) -> str:
@@ -380,32 +380,59 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
     return res
 
 
+def _stream(url: str, body: dict[str, Any]) -> float | None:
+    """Send a streamed completion, read it to the end; ms to its first data line (None: none)."""
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first = None
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for line in resp:
+            if first is None and line.startswith(b"data: {"):
+                first = (time.perf_counter() - t0) * 1e3
+    return first
+
+
 def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
-                 max_tokens: int = 4) -> list[float]:
+                 max_tokens: int = 4, after: int = 0, pause_s: float = 0.0) -> list[float]:
     """Milliseconds to the first streamed token of n prompts of `tokens` random token ids, one at a
-    time: bench's TTFT at c=1 without its harness. Each prompt is new (a seeded draw), so no
-    prefix-cache hit shortens a prefill."""
+    time: bench's TTFT at c=1 without its harness (the same request: streamed, no temperature,
+    the server's default sampling). Each prompt is new (a seeded draw), so no prefix-cache hit
+    shortens a prefill. after=N: each is sent the moment an N-token answer to another prompt has
+    ended, as bench's closed loop at c=1 sends them; pause_s: each after an idle pause instead."""
     import random
 
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         ids = [rng.randrange(1000, 30000) for _ in range(tokens)]
-        body = json.dumps({"model": model, "prompt": ids, "max_tokens": max_tokens,
-                           "temperature": 0,
-                           "ignore_eos": True, "stream": True}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        t0 = time.perf_counter()
-        first = None
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            for line in resp:
-                if first is None and line.startswith(b"data: {"):
-                    first = (time.perf_counter() - t0) * 1e3
+        if after:
+            _stream(url, {"model": model, "prompt": [rng.randrange(1000, 30000) for _ in
+                                                     range(tokens)],
+                          "max_tokens": after, "ignore_eos": True, "stream": True})
+        elif pause_s:
+            time.sleep(pause_s)
+        first = _stream(url, {"model": model, "prompt": ids, "max_tokens": max_tokens,
+                              "ignore_eos": True, "stream": True})
         if first is None:
             raise ProofError(f"{url}: a streamed completion sent no token")
         out.append(round(first, 2))
     return out
+
+
+def first_token_probes(url: str, model: str, tokens: int, answer: int) -> dict[str, Any]:
+    """The first token of a `tokens`-token prompt sent to an idle server (after a pause) and sent
+    the moment an `answer`-token answer ends (bench's closed loop at c=1): a difference is a step
+    the server still runs for the answer that ended."""
+    idle = first_tokens(url, model, tokens, seed=11, pause_s=0.25)
+    closed = first_tokens(url, model, tokens, seed=12, after=answer)
+
+    def med(v: list[float]) -> float:
+        return sorted(v)[len(v) // 2]
+
+    return {"prompt_tokens": tokens, "answer_tokens": answer, "idle_ms": idle,
+            "after_answer_ms": closed, "idle_median_ms": med(idle),
+            "after_answer_median_ms": med(closed)}
 
 
 def catalog_shapes(m: CatalogModel) -> dict[str, Any]:
@@ -686,6 +713,13 @@ class Runner:
             self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
                                                                   model)
             self._bench(label, port, model, step.concurrency, r, step.scenarios)
+            if step.prompt_tokens:
+                probe = first_token_probes(f"http://127.0.0.1:{port}", model, step.prompt_tokens,
+                                           bench.SCENARIOS["chat"].output_len)
+                self.results.setdefault("first_token", {})[label] = probe
+                print(f"[{label}] first token, median ms: idle {probe['idle_median_ms']}, "
+                      f"after a {probe['answer_tokens']}-token answer "
+                      f"{probe['after_answer_median_ms']}", flush=True)
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
         finally:
@@ -1081,7 +1115,7 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()),
-                prompt_tokens=args.trace_prompt_tokens)
+                prompt_tokens=args.first_token_prompt)
     if step.kind == "vanilla":
         # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs
         std = next(s for s in standard_plan(args.tier, [], (1,), (1,)).steps if s.kind == "vanilla")
@@ -1148,8 +1182,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-position acceptance: the draft's published figures (catalog) or "
                    "shares, one per draft token")
     p.add_argument("--step-concurrency", type=bench._ints)
-    p.add_argument("--trace-prompt-tokens", type=int, default=0, metavar="N",
-                   help="trace: the first token of N-token prompts instead of decode")
+    p.add_argument("--first-token-prompt", type=int, default=0, metavar="N",
+                   help="the first token of N-token prompts: timed idle and right after an "
+                   "answer (vanilla, profile), or traced instead of decode (trace)")
     p.add_argument("--scenario", action="append", default=[], type=_scenario,
                    help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}")
     p.set_defaults(func=cmd_step)
