@@ -394,7 +394,8 @@ def _stream(url: str, body: dict[str, Any]) -> float | None:
 
 
 def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
-                 max_tokens: int = 4, after: int = 0, pause_s: float = 0.0) -> list[float]:
+                 max_tokens: int = 4, after: int = 0, pause_s: float = 0.0,
+                 temperature: float | None = None) -> list[float]:
     """Milliseconds to the first streamed token of n prompts of `tokens` random token ids, one at a
     time: bench's TTFT at c=1 without its harness (the same request: streamed, no temperature,
     the server's default sampling). Each prompt is new (a seeded draw), so no prefix-cache hit
@@ -412,8 +413,11 @@ def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
                           "max_tokens": after, "ignore_eos": True, "stream": True})
         elif pause_s:
             time.sleep(pause_s)
-        first = _stream(url, {"model": model, "prompt": ids, "max_tokens": max_tokens,
-                              "ignore_eos": True, "stream": True})
+        body: dict[str, Any] = {"model": model, "prompt": ids, "max_tokens": max_tokens,
+                                "ignore_eos": True, "stream": True}
+        if temperature is not None:
+            body["temperature"] = temperature
+        first = _stream(url, body)
         if first is None:
             raise ProofError(f"{url}: a streamed completion sent no token")
         out.append(round(first, 2))
@@ -892,7 +896,15 @@ class Runner:
             greedy(url, model)
             if n:
                 first_tokens(url, model, n, n=4, seed=2)
-                timed = {"prompt_tokens": n, "first_token_ms": first_tokens(url, model, n, seed=3)}
+                # the server's default sampling (as bench sends it) and greedy, alternating
+                sampled: list[float] = []
+                greedy_ms: list[float] = []
+                for i in range(8):
+                    sampled += first_tokens(url, model, n, n=2, seed=30 + i, pause_s=0.1)
+                    greedy_ms += first_tokens(url, model, n, n=2, seed=40 + i, pause_s=0.1,
+                                              temperature=0.0)
+                timed = {"prompt_tokens": n, "first_token_ms": sampled,
+                         "first_token_ms_greedy": greedy_ms}
             for action in ("start_profile", "stop_profile"):
                 urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
                                        timeout=600).read()
@@ -910,9 +922,9 @@ class Runner:
         if timed:
             timed["first_token_ms_profiled"] = profiled
             summary.update(timed)
-            ms = sorted(timed["first_token_ms"])
-            print(f"[{label}] first token of {n}-token prompts, ms: median {ms[len(ms) // 2]} "
-                  f"(each: {timed['first_token_ms']})", flush=True)
+            ms, gms = sorted(timed["first_token_ms"]), sorted(timed["first_token_ms_greedy"])
+            print(f"[{label}] first token of {n}-token prompts, median ms: {ms[len(ms) // 2]} "
+                  f"sampled, {gms[len(gms) // 2]} greedy", flush=True)
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
 
