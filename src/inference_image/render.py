@@ -158,10 +158,6 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     }
     if p.model.speculative.draft:
         env["DRAFT_PATH"] = model_path(p.model.speculative.draft)
-    spec = p.model.speculative
-    # inert without speculation, so turning the method off is one change
-    if spec.wait_at_max_tokens and spec.method != "none":
-        env["INFERENCE_IMAGE_SPEC_WAIT_AT_MAX_TOKENS"] = "1"  # the plugin's scheduler rule
     if r.is_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
         if p.hardware.nvswitch:

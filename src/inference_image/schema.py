@@ -139,10 +139,6 @@ class Speculative(Strict):
     draft: Name | None = Field(None, description="catalog name of the draft model or EAGLE head")
     num_speculative_tokens: int = Field(3, ge=1, le=16)
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram only")
-    wait_at_max_tokens: bool = Field(
-        False, description="plan no speculative step for a request whose step in flight may "
-        "already reach its max_tokens (the project's vLLM plugin): a closed-loop client's next "
-        "request then does not wait behind a step for a finished one; inert with method none")
 
 
 class ModelSel(Strict):

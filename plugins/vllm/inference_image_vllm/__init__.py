@@ -7,10 +7,7 @@ unless the rendered unit environment turns a part on:
   measured table says is faster (dispatch.py);
 - INFERENCE_IMAGE_TRITON_DECODE_TOKENS=N (`serving.triton_decode_max_tokens: N`): CUDA-graph
   batches of at most N tokens run vLLM's Triton attention kernels inside its FlashAttention
-  backend (attention.py);
-- INFERENCE_IMAGE_SPEC_WAIT_AT_MAX_TOKENS=1 (`model.speculative.wait_at_max_tokens: true`): no
-  speculative step is planned for a request its step in flight may already have ended
-  (scheduler.py; any platform).
+  backend (attention.py).
 """
 
 import logging
@@ -28,18 +25,7 @@ def triton_decode_tokens() -> int:
     return int(v) if v.isdigit() else 0
 
 
-def wait_at_max_tokens() -> bool:
-    return os.environ.get("INFERENCE_IMAGE_SPEC_WAIT_AT_MAX_TOKENS", "0") == "1"
-
-
 def register() -> None:
-    if wait_at_max_tokens():
-        try:
-            from . import scheduler
-
-            scheduler.install()
-        except Exception:
-            logger.exception("inference-image scheduler rule not installed; vLLM's serves")
     tokens = triton_decode_tokens()
     if not enabled() and not tokens:
         return
