@@ -395,3 +395,28 @@ def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() 
         assert p["idle_median_ms"] == sorted(p["idle_ms"])[4]
     finally:
         srv.shutdown()
+
+
+def test_the_plugin_a_proof_serves_with_is_this_trees(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    monkeypatch.setenv("PROOF_SITE", str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    runner = proof.Runner(plan=proof.Plan(), out=tmp_path, work=tmp_path, model_dir=tmp_path)
+    runner._plugin(None)  # installed (pip, no network)
+    pkg = site / "inference_image_vllm"
+    mark = pkg / proof.PLUGIN_MARK
+    assert mark.read_text().strip() == proof.plugin_digest()
+    # the copy an earlier call left on a warm machine, from other code: replaced
+    (pkg / "__init__.py").write_text("OLD = 1\n")
+    mark.write_text("0000\n")
+    runner._plugin(None)
+    assert "OLD = 1" not in (pkg / "__init__.py").read_text()
+    # this tree's copy: left as it is
+    before = (pkg / "__init__.py").stat().st_mtime_ns
+    runner._plugin(None)
+    assert (pkg / "__init__.py").stat().st_mtime_ns == before
+    # a render that does not turn the plugin on needs none
+    env = tmp_path / "vllm-0.env"
+    env.write_text("MODEL_PATH=/x\n")
+    runner._plugin(env)

@@ -439,6 +439,19 @@ def first_token_probes(url: str, model: str, tokens: int, answer: int) -> dict[s
             "after_answer_median_ms": med(closed)}
 
 
+PLUGIN_MARK = "proof-source-digest"
+
+
+def plugin_digest() -> str:
+    """The plugin's source as this tree has it: its code, tables and build file."""
+    root = project_root() / "plugins" / "vllm"
+    pkg = root / "inference_image_vllm"
+    h = hashlib.sha256()
+    for f in sorted([root / "pyproject.toml", *pkg.rglob("*.py"), *pkg.rglob("*.json")]):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def catalog_shapes(m: CatalogModel) -> dict[str, Any]:
     """A catalog model's shapes as its config.json names them."""
     return {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
@@ -751,18 +764,35 @@ class Runner:
 
     def _plugin(self, env_file: Path | None) -> None:
         """A render that turns the project's vLLM plugin on needs it installed beside vLLM, or
-        vLLM would quietly serve on its own kernels (None: install it whatever the render says)."""
+        vLLM would quietly serve on its own kernels (None: install it whatever the render says).
+        The copy vLLM imports must be this tree's: a machine kept warm between calls still has
+        the one an earlier call installed, and a proof of changed plugin code would measure the
+        old one. Each install leaves the tree's digest beside the package (PLUGIN_MARK)."""
         # the plugin's switches are the render's INFERENCE_IMAGE_* variables (only its)
         if env_file and not any(line.startswith("INFERENCE_IMAGE_")
                                 for line in env_file.read_text().splitlines()):
             return
-        if subprocess.run([self.python, "-c", "import inference_image_vllm"],
-                          capture_output=True, check=False).returncode == 0:
+        want = plugin_digest()
+        where = self._plugin_dir()
+        if where and (where / PLUGIN_MARK).is_file() and \
+                (where / PLUGIN_MARK).read_text().strip() == want:
             return
         site = os.environ.get("PROOF_SITE", "/tmp/site")
         subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-deps",
                         "--no-build-isolation", "--no-index", "--target", site, "--upgrade",
                         str(project_root() / "plugins" / "vllm")], check=True)
+        where = self._plugin_dir()
+        if where is None or where.parent.resolve() != Path(site).resolve():
+            raise ProofError(f"the vLLM plugin was installed into {site}, but {self.python} "
+                             f"imports it from {where}: put {site} first on PYTHONPATH")
+        (where / PLUGIN_MARK).write_text(want + "\n")
+
+    def _plugin_dir(self) -> Path | None:
+        """Where self.python imports the plugin from (None: it does not)."""
+        probe = subprocess.run([self.python, "-c", "import inference_image_vllm as m, os; "
+                                "print(os.path.dirname(m.__file__))"],
+                               capture_output=True, text=True, check=False)
+        return Path(probe.stdout.strip()) if probe.returncode == 0 else None
 
     def _rendered(self, step: Step, extra_args: str = "") -> tuple[
             Resolved, dict[str, list[str]], dict[str, str], Path]:
