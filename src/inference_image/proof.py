@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -401,16 +402,18 @@ def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
     the server's default sampling). Each prompt is new (a seeded draw), so no prefix-cache hit
     shortens a prefill. after=N: each is sent the moment an N-token answer to another prompt has
     ended, as bench's closed loop at c=1 sends them; pause_s: each after an idle pause instead."""
-    import random
-
     rng = random.Random(seed)
+
+    def prompt() -> list[int]:
+        # ids inside any catalog model's vocabulary, clear of its special tokens
+        return [rng.randrange(1000, 30000) for _ in range(tokens)]
+
     out = []
     for _ in range(n):
-        ids = [rng.randrange(1000, 30000) for _ in range(tokens)]
+        ids = prompt()
         if after:
-            _stream(url, {"model": model, "prompt": [rng.randrange(1000, 30000) for _ in
-                                                     range(tokens)],
-                          "max_tokens": after, "ignore_eos": True, "stream": True})
+            _stream(url, {"model": model, "prompt": prompt(), "max_tokens": after,
+                          "ignore_eos": True, "stream": True})
         elif pause_s:
             time.sleep(pause_s)
         body: dict[str, Any] = {"model": model, "prompt": ids, "max_tokens": max_tokens,
@@ -430,13 +433,14 @@ def first_token_probes(url: str, model: str, tokens: int, answer: int) -> dict[s
     the server still runs for the answer that ended."""
     idle = first_tokens(url, model, tokens, seed=11, pause_s=0.25)
     closed = first_tokens(url, model, tokens, seed=12, after=answer)
-
-    def med(v: list[float]) -> float:
-        return sorted(v)[len(v) // 2]
-
     return {"prompt_tokens": tokens, "answer_tokens": answer, "idle_ms": idle,
-            "after_answer_ms": closed, "idle_median_ms": med(idle),
-            "after_answer_median_ms": med(closed)}
+            "after_answer_ms": closed, "idle_median_ms": middle(idle),
+            "after_answer_median_ms": middle(closed)}
+
+
+def middle(v: list[float]) -> float:
+    """The median as a measured value: the upper middle one of an even count, not a mean of two."""
+    return sorted(v)[len(v) // 2]
 
 
 PLUGIN_MARK = "proof-source-digest"
@@ -944,17 +948,18 @@ class Runner:
         finally:
             srv.stop()
         biggest = max(files, key=lambda f: f.stat().st_size)  # the GPU worker's, not the front end's
-        summary = trace.summarize(trace.load(biggest))
+        events = trace.load(biggest)
+        summary = trace.summarize(events)
         summary["file"] = biggest.name
         if n:
-            summary["bursts"] = trace.bursts(trace.load(biggest))
+            summary["bursts"] = trace.bursts(events)
             summary["median_burst"] = trace.median_burst(summary["bursts"])
         if timed:
             timed["first_token_ms_profiled"] = profiled
             summary.update(timed)
-            ms, gms = sorted(timed["first_token_ms"]), sorted(timed["first_token_ms_greedy"])
-            print(f"[{label}] first token of {n}-token prompts, median ms: {ms[len(ms) // 2]} "
-                  f"sampled, {gms[len(gms) // 2]} greedy", flush=True)
+            print(f"[{label}] first token of {n}-token prompts, median ms: "
+                  f"{middle(timed['first_token_ms'])} sampled, "
+                  f"{middle(timed['first_token_ms_greedy'])} greedy", flush=True)
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
 
