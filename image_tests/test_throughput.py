@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public
 
-from inference_image.bench import SCENARIOS, bench_command, row_from_result
+from inference_image.bench import SCENARIOS, bench_command, row_from_result, run_seed
 
 pytestmark = [pytest.mark.suite("throughput"), pytest.mark.serving]
 
@@ -25,14 +25,16 @@ def measured(root: Any, profile: dict[str, Any], api_key: HostKey, public: Publi
     target = profile["models"][0]
     vllm = f"{profile['paths']['vllm_venv']}/bin/vllm"
     out_dir = "/var/tmp/inference-image-throughput"
-    cmd = bench_command([vllm], public.url(), profile["served_model_name"],
-                        target["path"], sc, c, per=4, seed=c, result_dir=Path(out_dir),
-                        result_file="result.json")
-    run = root.run(
-        # the client checks the machine's certificate (Python's ssl reads SSL_CERT_FILE)
-        f"mkdir -p {out_dir} && cd {out_dir} && OPENAI_API_KEY={api_key.shell} VLLM_NO_USAGE_STATS=1 "
-        f"{'SSL_CERT_FILE=' + shlex.quote(public.cacert) + ' ' if public.tls else ''}"
-        f"DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 {shlex.join(cmd)}")
+    # bench's way: a warm-up run of other prompts, then the measured one with none of its own
+    cmds = [bench_command([vllm], public.url(), profile["served_model_name"], target["path"], sc,
+                          c, per=4, seed=run_seed(0, sc, c), result_dir=Path(out_dir),
+                          result_file="result.json", warmup=warmup)
+            for warmup in (True, False)]
+    env = (f"OPENAI_API_KEY={api_key.shell} VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 "
+           # the client checks the machine's certificate (Python's ssl reads SSL_CERT_FILE)
+           f"{'SSL_CERT_FILE=' + shlex.quote(public.cacert) + ' ' if public.tls else ''}")
+    run = root.run(f"mkdir -p {out_dir} && cd {out_dir} && "
+                   + " && ".join(env + shlex.join(cmd) for cmd in cmds))
     try:
         assert run.rc == 0, f"vllm bench serve failed ({run.rc}): {run.stderr[-2000:]}"
         result = json.loads(root.file(f"{out_dir}/result.json").content_string)

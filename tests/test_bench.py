@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -25,6 +28,26 @@ def test_bench_command_for_shared_prefix():
     assert a["--num-prompts"] == "64" and a["--max-concurrency"] == "16"
     assert "--ignore-eos" in cmd and a["--seed"] == "7" and a["--tokenizer"] == "/tok"
     assert "--save-detailed" in cmd  # the per-request TTFTs below come from it
+    # vLLM's warm-up and ready check send the run's first prompt: none of its own
+    assert a["--num-warmups"] == "0" and a["--ready-check-timeout-sec"] == "0"
+
+
+def test_the_warm_up_sends_prompts_of_its_own_and_saves_nothing():
+    sc = bench.SCENARIOS["chat"]
+    w = bench.bench_command(["vllm"], "http://h:8000", "m", None, sc, 16, 4, 7, Path("/r"),
+                            "f.json", warmup=True)
+    a = dict(zip(w, [*w[1:], ""], strict=True))
+    assert a["--seed"] == str(7 + bench.WARMUP_SEED) and a["--num-prompts"] == "4"
+    assert a["--num-warmups"] == "0" and "--ready-check-timeout-sec" not in w
+    assert "--save-result" not in w and "--result-filename" not in w
+
+
+def test_rows_of_different_scenarios_draw_different_prompts():
+    """vLLM's random dataset starts prompt i where the seed says, whatever its length: with one
+    seed a summarization prompt began with the chat prompt before it, and found it cached."""
+    seeds = {bench.run_seed(0, bench.SCENARIOS[s], c) for s in bench.SCENARIOS for c in (1, 2, 16)}
+    assert len(seeds) == len(bench.SCENARIOS) * 3
+    assert bench.run_seed(0, bench.SCENARIOS["chat"], 16) == 16  # chat rows keep their seeds
 
 
 def test_row_keeps_each_ttft_in_the_order_requests_were_sent():
@@ -80,7 +103,8 @@ def test_one_process_bench_with_a_python_without_vllm_says_so(tmp_path):
 def test_a_bench_where_every_request_failed_is_an_error_and_earlier_rows_are_kept(tmp_path):
     # vLLM's bench exits 0 and saves a result with 0 completed when the server is unreachable;
     # this writes what it saves: 8 completed at c=1, then nothing at c=2
-    fake = ("import json,sys; a=sys.argv; d=a[a.index('--result-dir')+1]; "
+    fake = ("import json,sys; a=sys.argv; '--save-result' in a or sys.exit(0); "
+            "d=a[a.index('--result-dir')+1]; "
             "f=a[a.index('--result-filename')+1]; c=int(a[a.index('--max-concurrency')+1]); "
             "json.dump({'completed': 8 if c == 1 else 0, 'failed': 0 if c == 1 else 8, "
             "'output_throughput': 99.0}, open(d+'/'+f, 'w'))")
@@ -96,7 +120,8 @@ def test_a_bench_where_every_request_failed_is_an_error_and_earlier_rows_are_kep
 
 def test_min_prompts_reaches_the_bench_and_zero_is_refused(tmp_path):
     # the fake bench reports how many prompts it was asked for as its completed count
-    fake = ("import json,sys; a=sys.argv; d=a[a.index('--result-dir')+1]; "
+    fake = ("import json,sys; a=sys.argv; '--save-result' in a or sys.exit(0); "
+            "d=a[a.index('--result-dir')+1]; "
             "f=a[a.index('--result-filename')+1]; n=int(a[a.index('--num-prompts')+1]); "
             "json.dump({'completed': n, 'failed': 0, 'output_throughput': 1.0}, open(d+'/'+f, 'w'))")
     res = bench.run(url="http://127.0.0.1:9", model="m", tokenizer=None, scenarios=["chat"],
@@ -109,3 +134,84 @@ def test_min_prompts_reaches_the_bench_and_zero_is_refused(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--min-prompts: '0': give an integer >= 1" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+class _Counters(http.server.BaseHTTPRequestHandler):
+    """A vLLM /metrics page whose counters a fake bench raises by GET /add?k=v,..."""
+
+    values: ClassVar[dict[str, float]] = {}
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/add?"):
+            for kv in self.path[5:].split(","):
+                k, v = kv.split("=")
+                self.values[k] = self.values.get(k, 0.0) + float(v)
+            body = b"ok"
+        else:
+            body = "".join(f'vllm:{k}_total{{engine="0",model_name="m"}} {v}\n'
+                           for k, v in self.values.items()).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+# A stand-in for `vllm bench serve`: a warm-up run (it saves nothing) sends 100 prompt tokens,
+# none cached, and 10 drafts, none accepted; a measured run 1000 tokens, 250 cached, 100 drafts
+# of 3 tokens, 150 accepted, and saves its result.
+FAKE_BENCH = """
+import json, urllib.request
+def bench(a):
+    url = a[a.index("--base-url") + 1]
+    measured = "--save-result" in a
+    add = ("prefix_cache_queries=1000,prefix_cache_hits=250,spec_decode_num_drafts=100,"
+           "spec_decode_num_draft_tokens=300,spec_decode_num_accepted_tokens=150" if measured
+           else "prefix_cache_queries=100,prefix_cache_hits=0,spec_decode_num_drafts=10,"
+           "spec_decode_num_draft_tokens=30,spec_decode_num_accepted_tokens=0")
+    urllib.request.urlopen(url + "/add?" + add).read()
+    if measured:
+        out = a[a.index("--result-dir") + 1] + "/" + a[a.index("--result-filename") + 1]
+        json.dump({"completed": 4, "failed": 0, "output_throughput": 10.0}, open(out, "w"))
+"""
+
+
+@pytest.mark.parametrize("one_process", [False, True])
+def test_each_row_counts_its_measured_requests_only(tmp_path, monkeypatch, one_process):
+    """The prefix-cache share and acceptance of a row come from the counters read right before
+    and right after its measured run: not its warm-up's requests, nor the next row's (the
+    one-process bench waits to be told before it starts the next run)."""
+    _Counters.values = {}
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counters)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    kw: dict = {}
+    if one_process:
+        # vLLM's bench module as the one-process driver imports it
+        pkg = tmp_path / "fake" / "vllm"
+        (pkg / "benchmarks").mkdir(parents=True)
+        (pkg / "utils").mkdir()
+        for d in (pkg, pkg / "benchmarks", pkg / "utils"):
+            (d / "__init__.py").write_text("")
+        (pkg / "benchmarks" / "serve.py").write_text(
+            FAKE_BENCH + "def add_cli_args(p): pass\ndef main(argv): bench(argv)\n")
+        (pkg / "utils" / "argparse_utils.py").write_text(
+            "class FlexibleArgumentParser:\n    def parse_args(self, argv): return argv\n")
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+        kw["vllm_python"] = sys.executable
+    try:
+        res = bench.run(url=url, model="m", tokenizer=None, scenarios=["chat", "summarization"],
+                        concurrency=[1, 2], config="x", metrics_url=url,
+                        vllm_cmd=[sys.executable, "-c", FAKE_BENCH + "import sys; bench(sys.argv)"],
+                        timeout_s=60, **kw)
+    finally:
+        srv.shutdown()
+    rows = res["runs"]
+    assert [(r["scenario"], r["concurrency"]) for r in rows] == [
+        ("chat", 1), ("chat", 2), ("summarization", 1), ("summarization", 2)]
+    for r in rows:
+        assert r["prefix_cache_hit_rate"] == 0.25 and r["acceptance_length"] == 2.5, r
+        assert r["draft_acceptance_rate"] == 0.5
+    assert bench.markdown(rows).splitlines()[2].endswith("| 25% | 2.50 |")

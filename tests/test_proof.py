@@ -35,7 +35,7 @@ def test_acceptance_from_vllm_counters() -> None:
               "vllm:spec_decode_num_accepted_tokens_total": 150.0,
               "vllm:spec_decode_num_accepted_tokens_per_pos_total[0]": 100.0,
               "vllm:spec_decode_num_accepted_tokens_per_pos_total[1]": 50.0}
-    after = bench.parse_spec_counters(METRICS)
+    after = bench.parse_engine_counters(METRICS)
     got = bench.acceptance(before, after)
     # 100 drafts of 3 tokens, 150 accepted: 2.5 tokens a step with the bonus token
     assert got["acceptance_length"] == 2.5 and got["draft_acceptance_rate"] == 0.5
@@ -43,7 +43,7 @@ def test_acceptance_from_vllm_counters() -> None:
 
 
 def test_no_counters_no_acceptance() -> None:
-    assert bench.parse_spec_counters("vllm:num_requests_running 1.0\n") is None
+    assert bench.parse_engine_counters("vllm:num_requests_running 1.0\n") is None
     assert bench.acceptance(None, None) == {}
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, resolve
 from .schema import SCENARIOS, Scenario, unknown_scenario
-from .vllm_bench_batch import MARK
+from .vllm_bench_batch import GO, MARK
 
 Num = TypeVar("Num", int, float)
 
@@ -45,22 +45,43 @@ def num_prompts(concurrency: int, per: int, floor: int = MIN_PROMPTS) -> int:
     return max(floor, per * concurrency)
 
 
+# Added to a measured run's seed for the warm-up run before it: vLLM's own warm-up (and its ready
+# check) sends the run's first prompt, so that prompt was a prefix-cache hit when it was measured
+# (every row's first TTFT, run 16: 35-50 ms where the others took 70-200).
+WARMUP_SEED = 1_000_003
+
+
+def run_seed(seed: int, sc: Scenario, c: int) -> int:
+    """A row's seed: apart per concurrency and per scenario. vLLM's random dataset draws each
+    prompt's start from the seed alone, so with one seed a 1024-token prompt began with the
+    512-token prompt of the same index, and a scenario run after another was partly prefix-cached
+    (run 16's vanilla: 1024-token TTFT 80 ms against 74 ms at 512)."""
+    return seed + c + 1000 * list(SCENARIOS).index(sc.name)
+
+
 def bench_args(
     url: str, model: str, tokenizer: str | None, sc: Scenario, c: int, per: int, seed: int,
-    result_dir: Path, result_file: str, floor: int = MIN_PROMPTS,
+    result_dir: Path, result_file: str, floor: int = MIN_PROMPTS, warmup: bool = False,
 ) -> list[str]:
-    """What follows `vllm bench serve` for one scenario at one concurrency."""
+    """What follows `vllm bench serve` for one scenario at one concurrency; `warmup`: the run
+    before it (min(c, 4) prompts of another seed, nothing saved), so that the measured run sends
+    only its own prompts."""
+    n = min(c, 4) if warmup else num_prompts(c, per, floor)
     args = ["--backend", "vllm", "--base-url", url,
             "--model", model, "--dataset-name", "random",
             "--random-input-len", str(sc.input_len - sc.prefix_len),
             "--random-output-len", str(sc.output_len),
-            "--num-prompts", str(num_prompts(c, per, floor)), "--max-concurrency", str(c),
-            "--num-warmups", str(min(c, 4)), "--ignore-eos", "--seed", str(seed),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
-            # per-request TTFTs: a p99 over 16 requests is one request, and which one it was
-            # (the first of a batch shape, or any) says why
-            "--save-detailed", "--disable-tqdm"]
+            "--num-prompts", str(n), "--max-concurrency", str(c),
+            "--num-warmups", "0", "--ignore-eos",
+            "--seed", str(seed + WARMUP_SEED if warmup else seed), "--disable-tqdm"]
+    if not warmup:
+        # the ready check (off by default in vLLM 0.26 and 0.32) would send the first prompt too
+        args += ["--ready-check-timeout-sec", "0",
+                 "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+                 "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
+                 # per-request TTFTs: a p99 over 16 requests is one request, and which one it
+                 # was (the first of a batch shape, or any) says why
+                 "--save-detailed"]
     if sc.prefix_len:
         args += ["--random-prefix-len", str(sc.prefix_len)]
     if tokenizer:
@@ -70,10 +91,11 @@ def bench_args(
 
 def bench_command(
     vllm_cmd: list[str], url: str, model: str, tokenizer: str | None, sc: Scenario, c: int,
-    per: int, seed: int, result_dir: Path, result_file: str,
+    per: int, seed: int, result_dir: Path, result_file: str, warmup: bool = False,
 ) -> list[str]:
     return [*vllm_cmd, "bench", "serve",
-            *bench_args(url, model, tokenizer, sc, c, per, seed, result_dir, result_file)]
+            *bench_args(url, model, tokenizer, sc, c, per, seed, result_dir, result_file,
+                        warmup=warmup)]
 
 
 def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> dict[str, Any]:
@@ -119,7 +141,8 @@ def _progress(i: int, n: int, msg: str) -> None:
         sys.stderr.write("\n")
 
 
-Plan = list[tuple[Scenario, int, str, list[str]]]  # scenario, concurrency, result file, args
+# scenario, concurrency, result file (None: the warm-up run before a measured one), args
+Plan = list[tuple[Scenario, int, str | None, list[str]]]
 
 
 def _run_each(plan: Plan, vllm_cmd: list[str], timeout_s: int, log: Path | None,
@@ -142,12 +165,15 @@ def _run_each(plan: Plan, vllm_cmd: list[str], timeout_s: int, log: Path | None,
 def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, tmp: Path,
                ) -> Generator[tuple[int, float], None, None]:
     """Every entry in one process of vLLM's Python (vllm_bench_batch.py); the first entry's wall
-    time includes the one import of vLLM."""
+    time includes the one import of vLLM. The process starts each entry after the first only
+    when told to, which happens when the caller asks for the next one: what the caller reads from
+    the server between two entries (its counters) belongs to the entry just finished."""
     plan_file = tmp / "plan.json"
     plan_json = json.dumps([args for *_, args in plan])
     plan_file.write_text(plan_json)
     cmd = [vllm_python, str(Path(__file__).with_name("vllm_bench_batch.py")), str(plan_file)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(timeout_s * len(plan), proc.kill)
     watchdog.start()
     fh = log.open("a") if log is not None else None
@@ -157,7 +183,7 @@ def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, t
         if fh:
             fh.write(f"$ {shlex.join(cmd)}  # {plan_json}\n")
         t0 = time.monotonic()
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stdin is not None
         for line in proc.stdout:
             if fh:
                 fh.write(line)
@@ -171,6 +197,9 @@ def _run_batch(plan: Plan, vllm_python: str, timeout_s: int, log: Path | None, t
                                  + " | ".join(tail))
             done += 1
             yield mark["i"], time.monotonic() - t0
+            if done < len(plan):
+                proc.stdin.write(GO)
+                proc.stdin.flush()
             t0 = time.monotonic()
         rc = proc.wait()
         if done < len(plan):
@@ -192,18 +221,20 @@ def run(
     config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
     timeout_s: int = 1800, log: Path | None = None, vllm_python: str | None = None,
     partial: Path | None = None, min_prompts: int = MIN_PROMPTS,
-    spec_metrics_url: str | None = None,
+    metrics_url: str | None = None,
 ) -> dict[str, Any]:
-    """vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
-    instead of one `vllm_cmd bench serve` process per scenario and concurrency.
-    partial: rewritten after every run ("partial": true), so a bench cut off keeps its rows.
-    spec_metrics_url: a vLLM server whose /metrics is read after every run, so that each row of a
-    speculating server carries its acceptance length and draft acceptance rate (the counters
-    include vLLM's few warm-up requests of the run)."""
+    """Each row is a warm-up run (prompts of its own) and then the measured run.
+    vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
+    instead of one `vllm_cmd bench serve` process per run.
+    partial: rewritten after every row ("partial": true), so a bench cut off keeps its rows.
+    metrics_url: a vLLM server whose /metrics is read before and after every measured run, so
+    that each row carries the share of prompt tokens its prefix cache served and, where the
+    server speculates, the acceptance length and draft acceptance rate of that run alone."""
     rows: list[dict[str, Any]] = []
     meta = {"url": url, "model": model, "config": config, "seed": seed,
             "prompts_per_concurrency": per, "min_prompts": min_prompts, "hourly_usd": hourly_usd,
-            "tool": "vllm bench serve", "ignore_eos": True, "one_process": bool(vllm_python)}
+            "tool": "vllm bench serve", "ignore_eos": True, "one_process": bool(vllm_python),
+            "warmup": f"min(c, 4) prompts of seed + {WARMUP_SEED} before each row"}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
         tmp = Path(tmpdir)
         plan: Plan = []
@@ -211,16 +242,23 @@ def run(
             for c in concurrency:
                 sc = SCENARIOS[s]
                 fname = f"{sc.name}-c{c}.json"
-                plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, seed + c,
+                rs = run_seed(seed, sc, c)
+                plan.append((sc, c, None, bench_args(url, model, tokenizer, sc, c, per, rs, tmp,
+                                                     fname, min_prompts, warmup=True)))
+                plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, rs,
                                                       tmp, fname, min_prompts)))
-        _progress(0, len(plan), f"{plan[0][0].name} c={plan[0][1]}")
+        n_rows = len(plan) // 2
+        _progress(0, n_rows, f"{plan[0][0].name} c={plan[0][1]}")
         runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
                 else _run_each(plan, vllm_cmd, timeout_s, log))
-        counters = spec_counters(spec_metrics_url) if spec_metrics_url else None
+        counters: dict[str, float] | None = None
         # closing: a row refused below stops the one-process bench at once (its finally kills it)
         with contextlib.closing(runs):
             for k, wall in runs:
                 sc, c, fname, _ = plan[k]
+                if fname is None:  # the warm-up: the measured run's counters start here
+                    counters = engine_counters(metrics_url) if metrics_url else None
+                    continue
                 res = tmp / fname
                 if not res.exists():
                     raise BenchError(f"vllm bench serve wrote no result for {sc.name} c={c}")
@@ -231,16 +269,16 @@ def run(
                                      + (f" (requests' errors: {log})" if log else ""))
                 row["wall_s"] = round(wall, 1)
                 row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
-                if spec_metrics_url:
-                    now = spec_counters(spec_metrics_url)
+                if metrics_url:
+                    now = engine_counters(metrics_url)
+                    row.update(prefix_cache(counters, now))
                     row.update(acceptance(counters, now))
-                    counters = now
                 rows.append(row)
                 if partial is not None:
                     partial.write_text(json.dumps({"meta": meta, "runs": rows, "partial": True},
                                                   indent=2, sort_keys=True) + "\n")
                 nxt = f"{plan[k + 1][0].name} c={plan[k + 1][1]}" if k + 1 < len(plan) else "done"
-                _progress(k + 1, len(plan), nxt)
+                _progress(len(rows), n_rows, nxt)
     return {"meta": meta, "runs": rows}
 
 
@@ -248,22 +286,25 @@ class BenchError(Exception):
     pass
 
 
-def spec_counters(url: str) -> dict[str, float] | None:
-    """vLLM's speculative-decoding counters from URL/metrics; None when it has none (no
-    speculation, or /metrics not reachable)."""
+def engine_counters(url: str) -> dict[str, float] | None:
+    """vLLM's prefix-cache and speculative-decoding counters from URL/metrics; None when
+    /metrics is not reachable or has none."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-            return parse_spec_counters(resp.read().decode())
+            return parse_engine_counters(resp.read().decode())
     except OSError:
         return None
 
 
-def parse_spec_counters(text: str) -> dict[str, float] | None:
-    """The vllm:spec_decode_num_* counters of a Prometheus text page, summed over label sets
-    (per position kept apart as NAME[i])."""
+COUNTERS = ("vllm:spec_decode_num", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+
+
+def parse_engine_counters(text: str) -> dict[str, float] | None:
+    """The counters of COUNTERS in a Prometheus text page, summed over label sets (engines,
+    models; per position kept apart as NAME[i])."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:spec_decode_num"):
+        if not line.startswith(COUNTERS):
             continue
         name_labels, _, val = line.rpartition(" ")
         name = name_labels.split("{", 1)[0]
@@ -273,6 +314,19 @@ def parse_spec_counters(text: str) -> dict[str, float] | None:
         key = f"{name}[{m.group(1)}]" if m else name
         out[key] = out.get(key, 0.0) + float(val)
     return out or None
+
+
+def prefix_cache(before: dict[str, float] | None, after: dict[str, float] | None,
+                 ) -> dict[str, Any]:
+    """The share of prompt tokens the prefix cache served between two counter readings."""
+    if not after:
+        return {}
+    b = before or {}
+    queries = after.get("vllm:prefix_cache_queries_total", 0.0) - b.get(
+        "vllm:prefix_cache_queries_total", 0.0)
+    hits = after.get("vllm:prefix_cache_hits_total", 0.0) - b.get(
+        "vllm:prefix_cache_hits_total", 0.0)
+    return {"prefix_cache_hit_rate": round(hits / queries, 3)} if queries > 0 else {}
 
 
 def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
@@ -300,14 +354,17 @@ def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
 
 def markdown(runs: list[dict[str, Any]]) -> str:
     head = ("| config | scenario | c | output tok/s | TTFT mean / p99 ms | TPOT mean ms "
-            "| ITL p99 ms | $/Mtok |\n|---|---|---|---|---|---|---|---|\n")
+            "| ITL p99 ms | $/Mtok | prefix cache hits | acceptance length |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in runs:
-        cost = r.get("usd_per_mtok")
+        cost, hit, al = (r.get(k) for k in ("usd_per_mtok", "prefix_cache_hit_rate",
+                                             "acceptance_length"))
         lines.append(
             f"| {r['config']} | {r['scenario']} | {r['concurrency']} | {r['output_tok_s']:.1f} "
             f"| {r['ttft_ms_mean']:.1f} / {r['ttft_ms_p99']:.1f} | {r['tpot_ms_mean']:.2f} "
-            f"| {r['itl_ms_p99']:.2f} | {'' if cost is None else f'{cost:.3f}'} |")
+            f"| {r['itl_ms_p99']:.2f} | {'' if cost is None else f'{cost:.3f}'} "
+            f"| {'' if hit is None else f'{hit:.0%}'} | {'' if al is None else f'{al:.2f}'} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -450,7 +507,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      vllm_cmd=shlex.split(args.vllm_cmd), per=args.prompts_per_concurrency,
                      seed=args.seed, hourly_usd=hourly, log=out / f"{args.label}.log",
                      vllm_python=args.vllm_python, partial=out / f"{args.label}.json",
-                     min_prompts=args.min_prompts)
+                     min_prompts=args.min_prompts, metrics_url=args.url.rstrip("/"))
     except (BenchError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)  # after the progress bar's line
         return 1

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from . import bench, trace
-from .bench import acceptance, spec_counters
+from .bench import acceptance, engine_counters
 from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
 from .memory import decode_bytes_per_token, weight_bytes
 from .profiles import (
@@ -700,13 +700,13 @@ class Runner:
     def _bench(self, label: str, port: int, model: str, conc: tuple[int, ...],
                r: Resolved | None, scenarios: tuple[str, ...] = ()) -> None:
         url = f"http://127.0.0.1:{port}"
-        before = spec_counters(url)
+        before = engine_counters(url)
         partial = self.work / "bench" / f"{label}.json"
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.unlink(missing_ok=True)
         try:
             rows = self._bench_rows(label, port, model, list(conc or self.plan.concurrency), r,
-                                    scenarios, spec_metrics_url=url, partial=partial)
+                                    scenarios, metrics_url=url, partial=partial)
         except BaseException:
             # A failed or cut-off bench keeps the rows it finished, marked partial.
             if partial.exists():
@@ -715,7 +715,7 @@ class Runner:
                 self.results.setdefault("partial", []).append(label)
             raise
         self.results.setdefault("runs", {})[label] = rows
-        self.results.setdefault("spec_total", {})[label] = acceptance(before, spec_counters(url))
+        self.results.setdefault("spec_total", {})[label] = acceptance(before, engine_counters(url))
 
     def _bench_rows(self, label: str, port: int, model: str, conc: list[int], r: Resolved | None,
                     scenarios: tuple[str, ...] = (), **extra: Any) -> list[dict[str, Any]]:

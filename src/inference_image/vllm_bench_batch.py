@@ -8,7 +8,9 @@ test and warm-up requests per run (on the build host: 17-21 s -> 6-11 s per run)
 
 PLAN.json: a list of argument lists, each what follows `vllm bench serve` on its command line.
 For every entry it prints one line `@@bench {"i": N, "rc": 0|1, "error": "..."}` on stdout after
-the run, and stops at the first failure (as the per-process path does).
+the run, and stops at the first failure (as the per-process path does). Before each entry after
+the first it waits for a line on stdin (GO): the harness reads the server's counters between two
+entries, and the next entry's requests must not reach the server before it has.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import traceback
 
 MARK = "@@bench "
+GO = "go\n"
 
 
 def main(plan_path: str) -> int:
@@ -34,6 +37,8 @@ def main(plan_path: str) -> int:
     with open(plan_path) as fh:
         plan = json.load(fh)
     for i, argv in enumerate(plan):
+        if i and sys.stdin.readline() != GO:  # the harness is gone: run nothing more
+            return 1
         parser = FlexibleArgumentParser()
         add_cli_args(parser)
         try:
