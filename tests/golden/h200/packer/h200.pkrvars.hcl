@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 18f37aa5eab70154d744b76d944818bca06bb4e7db54b61489e20c171084a5b3): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 75039e4c6ba46635d2a3794ea7774346285defdaeb985c04b213f48942fee9fb): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "18f37aa5eab70154d744b76d944818bca06bb4e7db54b61489e20c171084a5b3"
+profile_sha256 = "75039e4c6ba46635d2a3794ea7774346285defdaeb985c04b213f48942fee9fb"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
