@@ -68,7 +68,7 @@ def test_h100_instance_flags(tmp_path):
     render(resolve("h100", ROOT / "profiles"), tmp_path)
     args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
     for flag, val in [("--kv-cache-dtype", "fp8"),
-                      ("--attention-backend", "FLASH_ATTN"), ("--host", "127.0.0.1"),
+                      ("--attention-backend", "FLASH_ATTN"), ("--host", "${INFERENCE_HOST}"),
                       ("--attention-config", '{"flash_attn_version":3}')]:
         assert args[args.index(flag) + 1] == val
     # FP8 comes from the checkpoint (static per-tensor scales), not from online quantization.
@@ -79,6 +79,7 @@ def test_h100_instance_flags(tmp_path):
     assert spec == {"method": "eagle3", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "CUDA_VISIBLE_DEVICES=0\n" in env and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert "INFERENCE_HOST=127.0.0.1\n" in env  # loopback, but on a fleet worker (below)
     assert "INFERENCE_IMAGE_FP8_DISPATCH=1\n" in env  # serving.fp8_gemm_dispatch: the plugin's switch
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # serving.triton_decode_max_tokens
 
@@ -131,6 +132,25 @@ def test_runner_refuses_unset_variable_and_unknown_unit(tmp_path):
     (tmp_path / "etc/inference-image/units/vllm-0.args").write_text("${NOT_SET_ANYWHERE}\n")
     r = run_unit(tmp_path, "vllm-0")
     assert r.returncode == 2 and "${NOT_SET_ANYWHERE}, which is not set" in r.stderr
+
+
+def test_a_fleet_worker_serves_its_instances_on_the_network_and_only_there(tmp_path):
+    """An instance listens on loopback; on a fleet worker (user-data wrote the fleet file with
+    role worker) on every address, for the fleet's router, which the firewall alone lets in. The
+    router of a worker stays on loopback."""
+    render(resolve("cpu", ROOT / "profiles"), tmp_path)
+    assert "--host 127.0.0.1 --port 8100 " in run_unit(tmp_path, "vllm-0").stdout
+    fleet = tmp_path / "etc/inference-image/fleet.json"
+    fleet.write_text('{"fleet": "f", "instance_ports": [8100, 8101], "role": "worker", '
+                     '"router": "http://10.10.0.2:8001"}')
+    assert "--host 0.0.0.0 --port 8101 " in run_unit(tmp_path, "vllm-1").stdout
+    assert "--host 127.0.0.1 --port 8001 " in run_unit(tmp_path, "router").stdout
+    fleet.write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
+    assert "--host 127.0.0.1 --port 8100 " in run_unit(tmp_path, "vllm-0").stdout
+    fw = (ROOT / "roles/firewall/templates/etc/nftables.conf.j2").read_text()
+    xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
+    assert xv["firewall_fleet_tcp_ports"] == [8100, 8101]
+    assert "ip saddr @fleet_router tcp dport { {{ firewall_fleet_tcp_ports | join(', ') }} } accept" in fw
 
 
 def test_cpu_instances_split_the_machine_cores(tmp_path):

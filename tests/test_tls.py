@@ -124,6 +124,8 @@ def test_sysprep_removes_every_per_machine_file(tmp_path: Path) -> None:
     # and what a machine with a domain has: user-data's ACME settings, inference-acme's account
     _at(root, "acme_conf").write_text("domain=llm.example.com\nemail=ops@example.com\n")
     (_at(root, "acme_state") / "accounts").mkdir(parents=True)
+    # and a fleet droplet's role, from its user-data
+    _at(root, "fleet").write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
     extra = json.loads((r / "ansible/extra-vars.json").read_text())
     assert extra["sysprep_machine_files"] == [PATHS[k] for k in MACHINE_FILES]
     made = [PATHS[k] for k in MACHINE_FILES if _at(root, k).exists()]

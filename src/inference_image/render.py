@@ -50,11 +50,14 @@ PATHS = {
     "build_stage": "/var/tmp/inference-image-build",
     # a fleet droplet's role (router or worker) and its peers, written by user-data (fleet.py)
     "fleet": "/etc/inference-image/fleet.json",
+    # a fleet worker registers its instances with the fleet's router (inference-join.timer)
+    "join": "/usr/local/sbin/inference-join",
 }
 # What first boot makes on each machine (and the ACME account, certificate and request that
-# belong to one machine's domain), and sysprep removes before a snapshot.
+# belong to one machine's domain, and the fleet role its user-data gave it), and sysprep removes
+# before a snapshot.
 MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint",
-                 "acme_conf", "acme_state")
+                 "acme_conf", "acme_state", "fleet")
 # The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
 # the machine (HTTP-01), and only then.
 FIREWALL_TABLE = "inference_image"
@@ -97,7 +100,7 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     argv = ["${INFERENCE_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
             "--model", "${MODEL_PATH}",
             "--served-model-name", served_model_name(r),
-            "--host", "127.0.0.1", "--port", str(inst.port),
+            "--host", "${INFERENCE_HOST}", "--port", str(inst.port),
             "--max-num-seqs", str(s.max_num_seqs),
             "--max-model-len", str(s.max_model_len)]
     if r.target.local_config:
@@ -144,6 +147,9 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     weights = r.target.fp8_hub_id if p.model.quantization == "fp8-checkpoint" else r.target.hub_id
     env = {
         "INFERENCE_UNIT": inst.name,
+        # loopback only, except on a fleet worker, where inference-run opens it to the network
+        # (the firewall lets the fleet's router in, and nothing else)
+        "INFERENCE_HOST": "127.0.0.1",
         "INFERENCE_PYTHON": f"{PATHS['vllm_venv']}/bin/python",
         "MODEL_PATH": model_path(p.model.target),
         "MODEL_SOURCE": weights or "local-config",
@@ -271,6 +277,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "vllm_router_version": v.vllm_router,
         "models_list": models_list(r),
         "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
+        "firewall_fleet_tcp_ports": [i.port for i in r.instances],
         "firewall_table": FIREWALL_TABLE,
         "sysprep_machine_files": machine_files(),
         "base_nofile_limit": LIMITS["nofile"],
@@ -331,7 +338,8 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
         tpl("etc/inference-image/units/unit.args.j2", f"etc/inference-image/units/{u.name}.args",
             u=u)
     for name in ("vllm@.service", "vllm-router.service", "inference.target",
-                 "inference-firstboot.service", "inference-acme.service", "inference-acme.timer"):
+                 "inference-firstboot.service", "inference-acme.service", "inference-acme.timer",
+                 "inference-join.service", "inference-join.timer"):
         tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
     tpl("etc/systemd/system/nginx.service.d/inference-image.conf.j2",
         "etc/systemd/system/nginx.service.d/inference-image.conf")
@@ -342,6 +350,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
+    tpl("usr/local/sbin/inference-join.j2", "usr/local/sbin/inference-join", 0o755)
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
     out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)

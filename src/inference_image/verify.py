@@ -27,7 +27,8 @@ from .render import PATHS
 
 T = TypeVar("T")
 
-SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "faults", "marketplace", "acme")
+SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "fleet", "faults", "marketplace",
+          "acme")
 PROFILE_JSON = PATHS["profile_json"]
 
 

@@ -1,0 +1,61 @@
+"""inference-join as rendered: what a fleet worker does with its fleet file before it reaches a
+router. Joining a real vllm-router is checked on the molecule container (image_tests/test_fleet.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inference_image.profiles import resolve
+from inference_image.render import PATHS, render
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("machine")
+    render(resolve("cpu"), root)
+    return root
+
+
+def join(root: Path, fleet: object | None) -> subprocess.CompletedProcess[str]:
+    f = root / PATHS["fleet"].lstrip("/")
+    f.unlink(missing_ok=True)
+    if fleet is not None:
+        f.write_text(fleet if isinstance(fleet, str) else json.dumps(fleet))
+    return subprocess.run([root / PATHS["join"].lstrip("/")], env={"INFERENCE_ROOT": str(root),
+                          "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}, capture_output=True, text=True)
+
+
+def test_a_machine_that_is_no_fleet_worker_does_nothing(machine: Path) -> None:
+    for fleet in (None, {"fleet": "f", "role": "router", "worker_tag": "f-worker"}):
+        r = join(machine, fleet)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize(("fleet", "why"), [
+    ("{not json", "not a JSON object"),
+    ({"role": "worker", "router": "http://10.0.0.2:8001; reboot", "instance_ports": [8100]},
+     "'router' is 'http://10.0.0.2:8001; reboot': write http://ROUTER_PRIVATE_IPV4:PORT"),
+    ({"role": "worker", "router": "<the router's private IPv4, once it exists>",
+      "instance_ports": [8100]}, "'router' is"),
+    ({"role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": ["8100"]},
+     "'instance_ports' is ['8100']"),
+])
+def test_a_fleet_file_it_cannot_use_is_one_error_naming_the_field(machine: Path, fleet: object,
+                                                                 why: str) -> None:
+    r = join(machine, fleet)
+    assert r.returncode == 1 and why in r.stderr, r.stderr
+    assert "Fix: write it as `inference-image fleet up --dry-run` shows" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_instance_not_up_yet_is_left_for_the_next_run(machine: Path) -> None:
+    # nothing listens on these ports here: the router is never asked, and the timer tries again
+    r = join(machine, {"role": "worker", "router": "http://127.0.0.1:9",
+                       "instance_ports": [9, 19]})
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        f"inference-join: http://127.0.0.1:{p} is not healthy yet; next try in 30 s" for p in (9, 19)]
