@@ -16,7 +16,8 @@ help: ## this list
 # Debian/Ubuntu packages the targets use (needs root): podman etc. for molecule, Packer and qemu for
 # images, cloud-image-utils for booting them.
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
-	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs
+	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
+	curl iproute2
 
 deps: ## apt-get install the system packages every target needs (root)
 	apt-get update -qq
