@@ -316,16 +316,18 @@ def parse_engine_counters(text: str) -> dict[str, float] | None:
     return out or None
 
 
+def _delta(before: dict[str, float] | None, after: dict[str, float], key: str) -> float:
+    """How much a counter grew between two readings (a counter not read yet counts as 0)."""
+    return after.get(key, 0.0) - (before or {}).get(key, 0.0)
+
+
 def prefix_cache(before: dict[str, float] | None, after: dict[str, float] | None,
                  ) -> dict[str, Any]:
     """The share of prompt tokens the prefix cache served between two counter readings."""
     if not after:
         return {}
-    b = before or {}
-    queries = after.get("vllm:prefix_cache_queries_total", 0.0) - b.get(
-        "vllm:prefix_cache_queries_total", 0.0)
-    hits = after.get("vllm:prefix_cache_hits_total", 0.0) - b.get(
-        "vllm:prefix_cache_hits_total", 0.0)
+    queries = _delta(before, after, "vllm:prefix_cache_queries_total")
+    hits = _delta(before, after, "vllm:prefix_cache_hits_total")
     return {"prefix_cache_hit_rate": round(hits / queries, 3)} if queries > 0 else {}
 
 
@@ -335,10 +337,9 @@ def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
     draft tokens were accepted, over the requests between two counter readings."""
     if not after:
         return {}
-    b = before or {}
 
     def d(k: str) -> float:
-        return after.get(k, 0.0) - b.get(k, 0.0)
+        return _delta(before, after, k)
     drafts = d("vllm:spec_decode_num_drafts_total")
     tokens = d("vllm:spec_decode_num_draft_tokens_total")
     acc = d("vllm:spec_decode_num_accepted_tokens_total")
