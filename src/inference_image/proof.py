@@ -853,6 +853,8 @@ class Runner:
             "sets": list(step.sets), "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             "profile_sha256": r.digest,
+            # the plugin's code is part of what serves: two labels of one render may differ here
+            "plugin_sha256": plugin_digest(),
             **({"argv": argv[r.instances[0].name]} if len(argv) == 1 else {"argv": argv})}
         return r, runners, env, cache
 

@@ -176,8 +176,9 @@ class Serving(Strict):
         False, description="FP8 weights: run each batch size on whichever of Cutlass and cuBLASLt "
         "a measured table says is faster (the project's vLLM plugin, plugins/vllm)")
     triton_decode_max_tokens: int = Field(
-        0, ge=0, le=64, description="FlashAttention 3 backend: CUDA-graph batches of at most this "
-        "many tokens run vLLM's Triton attention kernels instead (0: off; the project's vLLM plugin)")
+        0, ge=0, le=64, description="FlashAttention 3 backend: batches of at most this many tokens, "
+        "one query token a sequence, run vLLM's Triton attention kernels instead (speculative "
+        "verify steps stay on FA3; 0: off; the project's vLLM plugin)")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
     )

@@ -146,8 +146,10 @@ STEPS = {
     "decode-1": ([1], 1),
     "decode-4": ([1, 1, 1, 1], 4),
     "decode-8": ([1] * 8, 8),
-    # 2 sequences x (1 + 3 speculative tokens): the EAGLE-3 verify step the h100 profile runs
+    # 2 sequences x (1 + 3 speculative tokens): the EAGLE-3 verify step the h100 profile runs;
+    # more than one query token a sequence, so FA3 attends (the cache write is Triton's)
     "verify-2x4": ([4, 4], 8),
+    "verify-1x4": ([4], 4),
     "mixed": ([5, 1, 1, 1], 8),
     # 3 real tokens in a 16-row CUDA graph: the cache write sees 16 rows and goes to FA3,
     # the attention sees 3 and goes to Triton (the two routes meet on one step)
@@ -206,8 +208,10 @@ def test_triton_route_matches_fa3(plugin, step, kv_dtype, fused_quant):
     patched["forward"](impl, layer, query, key, value, tr_cache, meta, tr_out, out_scale)
     took_fa = Routes(routes.fa_forward - before.fa_forward, routes.fa_cache - before.fa_cache)
 
-    # the cache write routes on the padded row count, the attention on the real token count
-    expect_fa = Routes(fa_forward=int(n > MAX_TOKENS), fa_cache=int(rows > MAX_TOKENS))
+    # the cache write routes on the padded row count, the attention on the real token count and
+    # on one query token a sequence
+    fa_attends = n > MAX_TOKENS or max(q_lens) > 1
+    expect_fa = Routes(fa_forward=int(fa_attends), fa_cache=int(rows > MAX_TOKENS))
     assert took_fa == expect_fa, f"routes: {took_fa}, wanted {expect_fa}"
     assert patched["fused_output_quant_supported"](impl, _fp8_static_key())
     assert torch.equal(tr_cache.contiguous().view(torch.uint8),
@@ -225,7 +229,7 @@ def test_triton_route_matches_fa3(plugin, step, kv_dtype, fused_quant):
     fa_bound = 0.05 if kv_dtype == "fp8" else 0.02  # FA3's FP8 path also rounds P to FP8
     assert fa_err < fa_bound, f"FA3 itself is off the reference ({fa_err:.2e}): the test is wrong"
     assert tr_err < bound, f"relative error {tr_err:.2e} against float32 (FA3: {fa_err:.2e})"
-    if n > MAX_TOKENS and not fused_quant:
+    if fa_attends and not fused_quant:
         assert torch.equal(tr_out[:n], fa_out[:n]), "FA3's own route must give FA3's bits"
 
 

@@ -5,9 +5,9 @@ unless the rendered unit environment turns a part on:
 - INFERENCE_IMAGE_FP8_DISPATCH=1 (`serving.fp8_gemm_dispatch: true`): FP8 linear layers with
   per-tensor scales run, per batch size, whichever of Cutlass, cuBLASLt and a Triton GEMV a
   measured table says is faster (dispatch.py);
-- INFERENCE_IMAGE_TRITON_DECODE_TOKENS=N (`serving.triton_decode_max_tokens: N`): CUDA-graph
-  batches of at most N tokens run vLLM's Triton attention kernels inside its FlashAttention
-  backend (attention.py).
+- INFERENCE_IMAGE_TRITON_DECODE_TOKENS=N (`serving.triton_decode_max_tokens: N`): batches of
+  at most N tokens, one query token a sequence, run vLLM's Triton attention kernels inside its
+  FlashAttention backend (attention.py).
 """
 
 import logging

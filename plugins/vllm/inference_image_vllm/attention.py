@@ -8,7 +8,10 @@ kernel per layer. FA3 is far quicker at prefill and at large batches (TTFT 25 vs
 8966 vs 7967 tok/s at c=64), and vLLM picks one backend for every batch.
 
 This keeps FA3 and its KV-cache layout (the same as Triton's in vLLM 0.26) and routes batches of at
-most `max_tokens` tokens through the Triton kernels. The choice is made when vLLM captures a CUDA
+most `max_tokens` tokens, one query token a sequence, through the Triton kernels. A speculative
+verify step (1 + k tokens a sequence) stays on FA3: for it vLLM's Triton kernel does not split the
+context (its 2D kernel, one CTA per KV head), which on the 70B at c=1 grew TPOT from 12.4 ms to
+13.0-16.3 ms with the context (docs/benchmarks.md, run 16). The choice is made when vLLM captures a CUDA
 graph for a batch size, so each graph holds one path; a batch that runs eagerly (larger than every
 graph) goes to FA3. With the fusion on, FA3's path writes bfloat16 into a scratch buffer and
 quantizes it, the same kernel vLLM would otherwise run after attention.
@@ -94,8 +97,10 @@ def install(max_tokens: int) -> None:
         if attn_metadata is None:  # vLLM's memory-profiling run
             return output.fill_(0)
         n = attn_metadata.num_actual_tokens
-        if n <= max_tokens and output_block_scale is None and plain(self) \
-                and not attn_metadata.use_cascade:
+        # one query token a sequence only: with more (a speculative verify step, a prefill
+        # chunk) vLLM's Triton kernel runs unsplit, one CTA per KV head over the whole context
+        if n <= max_tokens and attn_metadata.max_query_len == 1 and output_block_scale is None \
+                and plain(self) and not attn_metadata.use_cascade:
             key_cache, value_cache = caches(self, kv_cache)
             kv_mode = get_kv_quant_mode(self.kv_cache_dtype)
             qsl = attn_metadata.query_start_loc
@@ -129,5 +134,5 @@ def install(max_tokens: int) -> None:
     impl_cls.do_kv_cache_update = do_kv_cache_update
     impl_cls.fused_output_quant_supported = fused_output_quant_supported
     _installed = max_tokens
-    logger.info("inference-image: decode batches of <= %d tokens use Triton attention inside "
-                "the FlashAttention backend", max_tokens)
+    logger.info("inference-image: decode batches of <= %d tokens, one query token a sequence, use Triton "
+                "attention inside the FlashAttention backend", max_tokens)
