@@ -2,17 +2,23 @@
 every 30 s after (inference-join.timer). Here the machine's own vllm-router stands in for the
 fleet's router, a real one of the same version: an instance taken out of it with vllm-router's
 /remove_worker is back in its /list_workers once inference-join has run with a fleet file naming
-it, a second run changes nothing, and the timer is there to run it. The fleet file is removed
-afterwards (the machine is no fleet worker)."""
+it, a second run changes nothing, and the timer is there to run it. A router's fleet file opens
+vllm-router's port to the machine's private networks, skips its instances and restarts vllm-router
+with no worker. The fleet file is removed afterwards (the machine is in no fleet)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 import shlex
+import time
 from typing import Any
 
 import pytest
 from conftest import http
+
+from inference_image.render import FIREWALL_TABLE
 
 pytestmark = [pytest.mark.suite("fleet"), pytest.mark.serving]
 
@@ -53,3 +59,75 @@ def test_a_worker_removed_from_the_router_joins_it_again(root: Any, profile: dic
         root.run(f"rm -f {paths['fleet']}")
         # whatever happened above, the router gets its instance back
         http(root, rt["internal_port"], f"/add_worker?url={url}", method="POST")
+
+
+def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
+        root: Any, profile: dict[str, Any]) -> None:
+    """With a router's fleet file: inference-join puts the machine's private networks in the
+    firewall's fleet_workers set (the one rule that reaches vllm-router's port), the instances'
+    ExecCondition says skip, and vllm-router restarts as router-fleet: every address, no worker
+    until one joins. Then the machine is put back as it was (file gone, router restarted)."""
+    paths, rt = profile["paths"], profile["router"]
+    fleet = {"fleet": "test", "role": "router", "worker_tag": "test-worker"}
+    assert not root.file(paths["fleet"]).exists, "this machine already has a fleet file"
+    try:
+        root.run_test(f"printf %s {shlex.quote(json.dumps(fleet))} > {paths['fleet']}")
+        # the instances' ExecCondition, as systemd runs it (as the service user) ...
+        skip = root.run(f"runuser -u {profile['service_user']} -- {paths['join']} --serves-instances")
+        assert skip.rc == 1, (skip.stdout, skip.stderr)
+        # ... and what systemd does with it in a unit that restarts always, like vllm@: skipped,
+        # not failed, and not restarted
+        probe = "/run/systemd/system/inference-fleet-skip-probe.service"
+        unit = (f"[Service]\nUser={profile['service_user']}\n"
+                f"ExecCondition={paths['join']} --serves-instances\n"
+                "ExecStart=/bin/sleep 600\nRestart=always\nRestartSec=1\n")
+        root.run_test(f"printf %s {shlex.quote(unit)} > {probe} && systemctl daemon-reload")
+        # (whether `start` reports a skipped condition as an error differs across systemd versions)
+        root.run(f"systemctl start {probe.rsplit('/', 1)[1]}")
+        time.sleep(3)
+        state = root.run(f"systemctl show -p ActiveState -p Result -p NRestarts "
+                         f"{probe.rsplit('/', 1)[1]}").stdout
+        root.run(f"systemctl stop {probe.rsplit('/', 1)[1]}; rm -f {probe}; systemctl daemon-reload")
+        assert sorted(state.split()) == ["ActiveState=inactive", "NRestarts=0",
+                                         "Result=exec-condition"], state
+        first = root.run(paths["join"])
+        assert first.rc == 0 and "may join this router" in first.stdout, (first.stdout, first.stderr)
+        addr = root.run("ip -o -4 addr show scope global").stdout
+        want = sorted({str(ipaddress.ip_interface(a).network)
+                       for a in re.findall(r" inet ([0-9./]+)", addr)
+                       if ipaddress.ip_interface(a).ip.is_private})
+        assert want, f"the container has no private address: {addr}"
+        assert first.stdout.splitlines() == [
+            f"inference-join: workers on {n} may join this router (port {rt['internal_port']})"
+            for n in want], first.stdout
+        in_set = root.run(f"nft list set inet {FIREWALL_TABLE} fleet_workers").stdout
+        assert all(n in in_set for n in want), in_set
+        assert root.run(paths["join"]).stdout == "", "a second run must change nothing"
+        root.run_test("systemctl restart vllm-router")
+        argv = root.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value vllm-router)/cmdline")
+        assert "--host 0.0.0.0" in argv.stdout and "--worker-urls" not in argv.stdout, argv.stdout
+        assert _eventually(lambda: http(root, rt["internal_port"], "/list_workers").status == 200)
+        assert workers(root, rt["internal_port"]) == []
+    finally:
+        root.run(f"rm -f {paths['fleet']}")
+        root.run(f"nft flush set inet {FIREWALL_TABLE} fleet_workers")
+        root.run("systemctl restart vllm-router")
+    want = sorted(f"http://127.0.0.1:{i['port']}" for i in profile["instances"])
+    assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) == want
+                       and http(root, rt["internal_port"], "/v1/models", timeout=5).status == 200), \
+        "vllm-router did not come back serving the machine's own instances"
+
+
+def _workers_or_none(root: Any, port: int) -> list[str] | None:
+    r = http(root, port, "/list_workers", timeout=5) if root.run(
+        f"curl -s -o /dev/null -m 5 http://127.0.0.1:{port}/health").rc == 0 else None
+    return sorted(json.loads(r.body)["urls"]) if r is not None and r.status == 200 else None
+
+
+def _eventually(check: Any, seconds: float = 60) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(1)
+    return False

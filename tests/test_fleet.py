@@ -1,7 +1,7 @@
 """inference-image fleet (issue 18): a fleet file's plan (droplets, cost, endpoint, firewalls,
 each role's user-data), the DigitalOcean API calls `up` would make, and one clear line for each
-bad field. No API is reachable from here, and `up` makes nothing yet (the image does not act on
-the router role): these test the plan and the dry run. The worker's side: tests/test_join.py and
+bad field. No API is reachable from here, and `up` makes nothing yet (pydo's calls are printed,
+not made): these test the plan and the dry run. The droplets' side: tests/test_join.py and
 image_tests/test_fleet.py."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_up_dry_run_prints_the_calls_in_order_and_up_makes_nothing_yet(capsys) -
     assert capsys.readouterr().out.count("client.") == 5
     assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "does not act on the router role yet" in err[0]
+    assert len(err) == 1 and "does not call DigitalOcean's API itself yet" in err[0]
 
 
 def test_snapshot_from_the_builds_manifest(tmp_path: Path) -> None:

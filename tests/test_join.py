@@ -1,5 +1,6 @@
-"""inference-join as rendered: what a fleet worker does with its fleet file before it reaches a
-router. Joining a real vllm-router is checked on the molecule container (image_tests/test_fleet.py)."""
+"""inference-join as rendered: how a machine reads its fleet file, and what a worker does with it before
+it reaches a router. Joining a real vllm-router, and a router opening its firewall, are checked on the
+molecule container (image_tests/test_fleet.py)."""
 
 from __future__ import annotations
 
@@ -20,23 +21,48 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def join(root: Path, fleet: object | None) -> subprocess.CompletedProcess[str]:
+def join(root: Path, fleet: object | None, *args: str) -> subprocess.CompletedProcess[str]:
     f = root / PATHS["fleet"].lstrip("/")
     f.unlink(missing_ok=True)
     if fleet is not None:
         f.write_text(fleet if isinstance(fleet, str) else json.dumps(fleet))
-    return subprocess.run([root / PATHS["join"].lstrip("/")], env={"INFERENCE_ROOT": str(root),
-                          "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}, capture_output=True, text=True)
+    return subprocess.run([root / PATHS["join"].lstrip("/"), *args],
+                          env={"INFERENCE_ROOT": str(root), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
+                          capture_output=True, text=True)
 
 
-def test_a_machine_that_is_no_fleet_worker_does_nothing(machine: Path) -> None:
-    for fleet in (None, {"fleet": "f", "role": "router", "worker_tag": "f-worker"}):
-        r = join(machine, fleet)
-        assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+WORKER = {"fleet": "f", "role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": [8100]}
+ROUTER = {"fleet": "f", "role": "router", "worker_tag": "f-worker"}
+
+
+def test_a_machine_with_no_fleet_file_does_nothing(machine: Path) -> None:
+    r = join(machine, None)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize(("fleet", "role", "serves"), [
+    (None, "none", 0), (WORKER, "worker", 0), (ROUTER, "router", 1), ("{not json", "none", 0),
+    ({"fleet": "f", "role": "boss"}, "none", 0),
+])
+def test_the_role_is_read_in_one_place_and_a_bad_file_serves_alone(
+        machine: Path, fleet: object, role: str, serves: int) -> None:
+    """inference-run asks --role (which unit, which address); the instances' ExecCondition asks
+    --serves-instances (exit 1 only on a router, so a file it cannot use never stops a model)."""
+    r = join(machine, fleet, "--role")
+    assert (r.returncode, r.stdout) == (0, role + "\n"), r.stderr
+    assert (r.stderr != "") == (role == "none" and fleet is not None)
+    assert join(machine, fleet, "--serves-instances").returncode == serves
+    assert "Traceback" not in r.stderr
+
+
+def test_an_unknown_option_is_refused(machine: Path) -> None:
+    r = join(machine, WORKER, "--rol")
+    assert r.returncode == 2 and "usage: inference-join [--role | --serves-instances]" in r.stderr
 
 
 @pytest.mark.parametrize(("fleet", "why"), [
     ("{not json", "not a JSON object"),
+    ({"fleet": "f", "role": "boss"}, "'role' is 'boss': write worker or router"),
     ({"role": "worker", "router": "http://10.0.0.2:8001; reboot", "instance_ports": [8100]},
      "'router' is 'http://10.0.0.2:8001; reboot': write http://ROUTER_PRIVATE_IPV4:PORT"),
     ({"role": "worker", "router": "<the router's private IPv4, once it exists>",
@@ -48,7 +74,8 @@ def test_a_fleet_file_it_cannot_use_is_one_error_naming_the_field(machine: Path,
                                                                  why: str) -> None:
     r = join(machine, fleet)
     assert r.returncode == 1 and why in r.stderr, r.stderr
-    assert "Fix: write it as `inference-image fleet up --dry-run` shows" in r.stderr
+    assert "this machine serves alone. Fix: write it as `inference-image fleet up --dry-run` shows" \
+        in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -12,7 +12,7 @@ from conftest import ROOT, edit
 
 from inference_image import render as render_mod
 from inference_image.profiles import list_tiers, resolve
-from inference_image.render import RenderError, render
+from inference_image.render import PATHS, RenderError, render
 
 GOLDEN = ROOT / "tests" / "golden"
 
@@ -145,12 +145,33 @@ def test_a_fleet_worker_serves_its_instances_on_the_network_and_only_there(tmp_p
                      '"router": "http://10.10.0.2:8001"}')
     assert "--host 0.0.0.0 --port 8101 " in run_unit(tmp_path, "vllm-1").stdout
     assert "--host 127.0.0.1 --port 8001 " in run_unit(tmp_path, "router").stdout
-    fleet.write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
-    assert "--host 127.0.0.1 --port 8100 " in run_unit(tmp_path, "vllm-0").stdout
     fw = (ROOT / "roles/firewall/templates/etc/nftables.conf.j2").read_text()
     xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
     assert xv["firewall_fleet_tcp_ports"] == [8100, 8101]
     assert "ip saddr @fleet_router tcp dport { {{ firewall_fleet_tcp_ports | join(', ') }} } accept" in fw
+
+
+def test_a_fleet_router_serves_no_instance_and_waits_for_workers_on_its_private_networks(tmp_path):
+    """On a fleet's router vllm-router runs the router-fleet command line: every address (for the
+    workers' add-worker calls), no worker up front; its own instances are skipped by their
+    ExecCondition; the firewall opens vllm-router's port to the fleet_workers set only. A fleet
+    file it cannot use leaves the machine serving alone, as rendered."""
+    render(resolve("cpu", ROOT / "profiles"), tmp_path)
+    fleet = tmp_path / "etc/inference-image/fleet.json"
+    fleet.write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
+    argv = run_unit(tmp_path, "router").stdout
+    assert "--host 0.0.0.0 --port 8001 " in argv and "--worker-urls" not in argv, argv
+    assert "--host 127.0.0.1 --port 8100 " in run_unit(tmp_path, "vllm-0").stdout
+    unit = (tmp_path / "etc/systemd/system/vllm@.service").read_text()
+    assert f"ExecCondition={PATHS['join']} --serves-instances" in unit.splitlines()
+    fleet.write_text('{"fleet": "f", "role": "boss"}')
+    r = run_unit(tmp_path, "router")
+    assert "--host 127.0.0.1 --port 8001 " in r.stdout and "--worker-urls" in r.stdout
+    assert "'role' is 'boss': write worker or router" in r.stderr
+    fw = (ROOT / "roles/firewall/templates/etc/nftables.conf.j2").read_text()
+    xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
+    assert xv["firewall_fleet_router_tcp_port"] == 8001
+    assert "ip saddr @fleet_workers tcp dport {{ firewall_fleet_router_tcp_port }} accept" in fw
 
 
 def test_cpu_instances_split_the_machine_cores(tmp_path):

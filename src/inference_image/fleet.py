@@ -11,9 +11,10 @@ router's tag); nothing of a worker but SSH is reachable from the internet.
 `plan` prints all of that in one screen; `up --dry-run` prints the DigitalOcean API calls (pydo,
 DigitalOcean's official client) with their bodies and each role's user-data. A worker acts on its
 role (PATHS["fleet"]): its instances listen on every address, its firewall lets only the router's
-address reach them, and inference-join registers them with the router every 30 s. What is not
-built yet is the router's role (vllm-router on its private address with no instance of its own),
-so `up` without --dry-run refuses to create droplets.
+address reach them, and inference-join registers them with the router every 30 s. The router
+droplet runs no instance, and its vllm-router listens on every address with no worker until one
+joins, its port open to the machine's private networks only. What is not built yet is `up`
+itself (pydo's calls, made for real), so without --dry-run it refuses to create droplets.
 """
 
 from __future__ import annotations
@@ -255,8 +256,7 @@ def describe(p: Plan) -> str:
         "the router's tag only, 22/tcp from anywhere",
         f"user-data router: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'router'))}",
         f"user-data worker: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'worker'))}",
-        "not built yet: the router droplet's role (vllm-router on its private address, no "
-        "instance of its own); `fleet up` runs only with --dry-run",
+        "not built yet: `fleet up` making the calls itself; it runs only with --dry-run",
     ]
     return "\n".join(lines)
 
@@ -287,8 +287,8 @@ def cmd_up(args: Any) -> int:
     if p is None:
         return 1
     if not args.dry_run:
-        print("error: the image does not act on the router role yet (issue 18): workers made now "
-              "would have no router to join. Fix: `fleet up --dry-run` prints what `up` will do",
+        print("error: `fleet up` does not call DigitalOcean's API itself yet (issue 18). Fix: "
+              "`fleet up --dry-run` prints every call, with its body and user-data, in order",
               file=sys.stderr)
         return 1
     for i, (method, kwargs, why) in enumerate(api_calls(p), 1):

@@ -183,14 +183,19 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     return env
 
 
-def router_argv(r: Resolved) -> list[str]:
+def router_argv(r: Resolved, fleet: bool = False) -> list[str]:
+    """vllm-router's command line. `fleet`: on a fleet's router droplet (router-fleet, chosen by
+    inference-run when the fleet file says so) it knows no worker up front, each worker adds its
+    instances (inference-join), and it listens on every address so that the workers can: the
+    firewall opens that port to the machine's private networks only."""
     rt = r.profile.router
     # vllm-router's --api-key is the key it sends to workers, not one it asks of clients (checked:
     # requests without a key pass), so nginx in front checks the key and the router stays on
-    # loopback without one.
-    argv = ["${ROUTER_BIN}", "--host", "127.0.0.1", "--port", str(rt.internal_port),
-            "--policy", rt.policy, "--worker-urls"]
-    argv += [f"http://127.0.0.1:{i.port}" for i in r.instances]
+    # loopback (or, on a fleet's router, behind the firewall) without one.
+    argv = ["${ROUTER_BIN}", "--host", "0.0.0.0" if fleet else "127.0.0.1",
+            "--port", str(rt.internal_port), "--policy", rt.policy]
+    if not fleet:
+        argv += ["--worker-urls", *(f"http://127.0.0.1:{i.port}" for i in r.instances)]
     argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt.metrics_port),
              "--health-check-endpoint", "/health",
              "--health-check-interval-secs", str(rt.health_check_interval_secs),
@@ -199,16 +204,21 @@ def router_argv(r: Resolved) -> list[str]:
     return argv
 
 
-def router_env(r: Resolved) -> dict[str, str]:
+def router_env(r: Resolved, unit: str = "router") -> dict[str, str]:
     return {
-        "INFERENCE_UNIT": "router",
+        "INFERENCE_UNIT": unit,
         "ROUTER_BIN": f"{PATHS['router_venv']}/bin/vllm-router",
     }
+
+
+# the router's definition on a fleet's router droplet (vllm-router.service runs it there)
+FLEET_ROUTER_UNIT = "router-fleet"
 
 
 def units(r: Resolved) -> list[Unit]:
     out = [Unit(i.name, vllm_env(r, i), vllm_argv(r, i)) for i in r.instances]
     out.append(Unit("router", router_env(r), router_argv(r)))
+    out.append(Unit(FLEET_ROUTER_UNIT, router_env(r, FLEET_ROUTER_UNIT), router_argv(r, fleet=True)))
     return out
 
 
@@ -278,6 +288,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "models_list": models_list(r),
         "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
         "firewall_fleet_tcp_ports": [i.port for i in r.instances],
+        "firewall_fleet_router_tcp_port": p.router.internal_port,
         "firewall_table": FIREWALL_TABLE,
         "sysprep_machine_files": machine_files(),
         "base_nofile_limit": LIMITS["nofile"],
@@ -325,6 +336,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
+           "fleet_router_unit": FLEET_ROUTER_UNIT,
            "firewall_table": FIREWALL_TABLE,
            "digest": r.digest, "listen": listen_address(r), "limits": LIMITS,
            "serve_during_build": serve_during_build(r)}
