@@ -1,5 +1,5 @@
 """fleet: a worker of a fleet (issue 18) registers its instances with the fleet's router at boot and
-every 30 s after (inference-join.timer). Here the machine's own vllm-router stands in for the
+every 15 s after (inference-join.timer). Here the machine's own vllm-router stands in for the
 fleet's router, a real one of the same version: an instance taken out of it with vllm-router's
 /remove_worker is back in its /list_workers once inference-join has run with a fleet file naming
 it, a second run changes nothing, and the timer is there to run it. A router's fleet file opens

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inference_image.profiles import resolve
-from inference_image.render import PATHS, render
+from inference_image.render import FIREWALL_TABLE, LIMITS, PATHS, render
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +79,25 @@ def test_a_fleet_file_it_cannot_use_is_one_error_naming_the_field(machine: Path,
     assert "Traceback" not in r.stderr
 
 
-def test_an_instance_not_up_yet_is_left_for_the_next_run(machine: Path) -> None:
-    # nothing listens on these ports here: the router is never asked, and the timer tries again
-    r = join(machine, {"role": "worker", "router": "http://127.0.0.1:9",
-                       "instance_ports": [9, 19]})
+def test_an_instance_not_up_yet_is_left_for_the_next_run(machine: Path, tmp_path: Path) -> None:
+    """The router is let through the firewall first (its health checks then find an instance the
+    moment it is up); an instance not up is not registered, and the timer tries again. `nft` here
+    is a stand-in that records its arguments: the real one is the container's, in
+    image_tests/test_fleet.py."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "nft.calls"
+    bin_dir.mkdir()
+    (bin_dir / "nft").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "nft").chmod(0o755)
+    f = machine / PATHS["fleet"].lstrip("/")
+    f.write_text(json.dumps({"role": "worker", "router": "http://127.0.0.1:9",
+                             "instance_ports": [9, 19]}))
+    # nothing listens on these ports here: the router is never asked
+    r = subprocess.run([machine / PATHS["join"].lstrip("/")], capture_output=True, text=True,
+                       env={"INFERENCE_ROOT": str(machine),
+                            "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin"})
+    every = LIMITS["join_every_s"]
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
-        f"inference-join: http://127.0.0.1:{p} is not healthy yet; next try in 30 s" for p in (9, 19)]
+        f"inference-join: http://127.0.0.1:{p} is not healthy yet; next try in {every} s"
+        for p in (9, 19)]
+    assert calls.read_text() == f"add element inet {FIREWALL_TABLE} fleet_router {{ 127.0.0.1 }}\n"

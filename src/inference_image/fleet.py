@@ -11,7 +11,7 @@ router's tag); nothing of a worker but SSH is reachable from the internet.
 `plan` prints all of that in one screen; `up --dry-run` prints the DigitalOcean API calls (pydo,
 DigitalOcean's official client) with their bodies and each role's user-data. A worker acts on its
 role (PATHS["fleet"]): its instances listen on every address, its firewall lets only the router's
-address reach them, and inference-join registers them with the router every 30 s. The router
+address reach them, and inference-join registers them with the router every 15 s. The router
 droplet runs no instance, and its vllm-router listens on every address with no worker until one
 joins, its port open to the machine's private networks only. What is not built yet is `up`
 itself (pydo's calls, made for real), so without --dry-run it refuses to create droplets.

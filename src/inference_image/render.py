@@ -68,7 +68,10 @@ SERVICE_USER = "inference"
 LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100,
           # an instance does not start with less free beside its compile cache: it would fail
           # later, mid-compile, with a less clear error
-          "min_cache_free_mib": 256}
+          "min_cache_free_mib": 256,
+          # a fleet's inference-join timer: how long a worker whose instances are up may wait
+          # for its first traffic (the fleet target: 30 s), at one short run per period
+          "join_every_s": 15}
 
 
 class RenderError(Exception):
