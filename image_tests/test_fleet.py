@@ -93,7 +93,8 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
         root.run_test("systemctl restart vllm-router")
         argv = root.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value vllm-router)/cmdline")
         assert "--host 0.0.0.0" in argv.stdout and "--worker-urls" not in argv.stdout, argv.stdout
-        assert _eventually(lambda: http(root, rt["internal_port"], "/list_workers").status == 200)
+        # (connection refused until the restarted router listens: _workers_or_none waits for it)
+        assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) is not None)
         assert workers(root, rt["internal_port"]) == []
     finally:
         root.run(f"rm -f {paths['fleet']}")
