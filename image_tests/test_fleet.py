@@ -107,9 +107,9 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
 
 
 def _workers_or_none(root: Any, port: int) -> list[str] | None:
-    r = http(root, port, "/list_workers", timeout=5) if root.run(
-        f"curl -s -o /dev/null -m 5 http://127.0.0.1:{port}/health").rc == 0 else None
-    return sorted(json.loads(r.body)["urls"]) if r is not None and r.status == 200 else None
+    """workers(), or None while the router does not answer yet (a restart)."""
+    up = root.run(f"curl -s -o /dev/null -m 5 http://127.0.0.1:{port}/health").rc == 0
+    return workers(root, port) if up else None
 
 
 def _eventually(check: Any, seconds: float = 60) -> bool:
