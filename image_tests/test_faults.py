@@ -295,6 +295,51 @@ def test_instance_that_cannot_start(root: Any, profile: dict[str, Any], api_key:
     _all_back(root, profile)
 
 
+HUNG_START_S = 45  # the test's start timeout: the image's own is limits.start_timeout_s
+
+
+def test_instance_hung_in_its_start(root: Any, profile: dict[str, Any], api_key: HostKey,
+                                    public: Public, record_property: Any) -> None:
+    """An instance whose start hangs (its processes stopped before /health answers, as the fleet
+    proof's start hung on a shared memory block) is killed at the unit's start timeout and started
+    again without a person: the unit is Type=notify, started only once /health answers. The
+    public port serves on the others meanwhile."""
+    if len(profile["instances"]) < 2:
+        pytest.skip("one instance: nothing would serve while it hangs")
+    inst = profile["instances"][-1]
+    unit = f"vllm@{inst['name']}.service"
+    dropin = f"/run/systemd/system/{unit}.d"
+
+    def show(prop: str) -> str:
+        return root.run(f"systemctl show -p {prop} --value {unit}").stdout.strip()
+
+    _all_back(root, profile)
+    since = root.run("date +@%s").stdout.strip()
+    try:
+        root.run(f"mkdir -p {dropin} && printf '[Service]\\nTimeoutStartSec={HUNG_START_S}\\n' "
+                 f"> {dropin}/90-hung.conf && systemctl daemon-reload && "
+                 f"systemctl restart --no-block {unit}")
+        assert wait_for(lambda: show("ActiveState") == "activating" and show("MainPID") != "0",
+                        timeout=60, every=0.5), f"{unit} did not start again: {show('ActiveState')}"
+        restarts = int(show("NRestarts") or 0)  # a restart asked for resets systemd's count
+        # every process of the unit, the readiness helper included: a start where nothing moves
+        assert root.run(f"systemctl kill -s STOP {unit}").rc == 0
+        t0 = time.monotonic()
+        assert show("ActiveState") == "activating", "the start was over before it was stopped"
+        served = [http(root, public, "/v1/models", key=api_key).status for _ in range(10)]
+        assert served == [200] * 10, served
+        assert wait_for(lambda: int(show("NRestarts") or 0) > restarts,
+                        timeout=HUNG_START_S + 90, every=2), \
+            f"{unit} hung in its start and was not started again ({show('ActiveState')})"
+        record_property("restarted_after_s", round(time.monotonic() - t0, 1))
+    finally:
+        # the next start runs under the unit's own timeout (a reload re-arms the running one)
+        root.run(f"rm -rf {dropin} && systemctl daemon-reload")
+    journal = root.run(f"journalctl -u {unit} --since {since} -o cat --no-pager").stdout
+    assert re.search(r"start operation timed out", journal, re.I), journal[-2000:]
+    _all_back(root, profile)
+
+
 # ---- the machine rebooted -----------------------------------------------------------------------
 
 AFTER_S = 5  # load kept up after the endpoint is back

@@ -3,12 +3,16 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, edit
+from conftest import ROOT, edit, free_port
 
 from inference_image import render as render_mod
 from inference_image.profiles import list_tiers, resolve
@@ -240,3 +244,46 @@ def test_starting_the_stack_while_baking_is_decided_once(tier):
     assert ansible_vars(r)["inference_service_start"] is want
     defaults = (ROOT / "roles/inference_service/defaults/main.yml").read_text()
     assert "\ninference_service_start:" not in defaults
+
+
+SLOW_SERVER = """import http.server, sys, time
+time.sleep(1.5)  # a start: nothing answers yet
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
+"""
+
+
+def test_a_notify_unit_is_ready_when_its_health_answers_not_when_it_starts(tmp_path):
+    """vllm@ is Type=notify: inference-run's helper sends READY=1 to systemd's socket once the
+    instance's /health answers, so the unit's TimeoutStartSec bounds a start that hangs."""
+    render(resolve("cpu", ROOT / "profiles"), tmp_path)
+    unit = (tmp_path / "etc/systemd/system/vllm@.service").read_text().splitlines()
+    assert "Type=notify" in unit and "NotifyAccess=all" in unit
+    port = free_port()
+    (tmp_path / "server.py").write_text(SLOW_SERVER)
+    (tmp_path / "etc/inference-image/units/vllm-0.args").write_text(
+        f"python3\n{tmp_path / 'server.py'}\n--port\n{port}\n")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(30)
+    env = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(tmp_path),
+           "INFERENCE_PYTHON": sys.executable, "NOTIFY_SOCKET": str(tmp_path / "notify")}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(["bash", str(tmp_path / "usr/local/bin/inference-run"), "vllm-0"],
+                            env=env, start_new_session=True)
+    try:
+        msg = sock.recv(4096).decode()
+        waited = time.monotonic() - t0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        sock.close()
+    assert msg.splitlines() == ["READY=1", f"STATUS=serving on port {port}"]
+    assert waited >= 1.5, f"READY=1 after {waited:.2f} s, before the server answered"
