@@ -56,8 +56,9 @@ MOLECULE_CPU := cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=
 	  INFERENCE_WHEELS=$(CURDIR)/build/wheels $(CURDIR)/$(BIN)/molecule
 
 molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12 systemd container (cpu tier)
-	mkdir -p build/molecule
-	$(MOLECULE_CPU) test
+	mkdir -p build/molecule && rm -f build/molecule/*.xml
+	$(MOLECULE_CPU) test || { echo "make molecule: failed; the tests that failed:" >&2; \
+	  $(BIN)/python scripts/junit-failures build/molecule/*.xml >&2; exit 1; }
 
 MINUTES ?= 10
 soak: molecule-inputs ## MINUTES (10) of load at the cpu tier's target concurrency in the molecule container; not in CI
@@ -76,7 +77,7 @@ soak-host: setup ## MINUTES of load on HOST=host[:port] built as GPU=<tier> (its
 	$(BIN)/inference-image soak --host $(HOST) --profile $(GPU) --minutes $(MINUTES) --out build/soak/$(GPU).json
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
-	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof
+	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/junit-failures
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
