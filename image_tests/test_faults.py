@@ -340,6 +340,44 @@ def test_instance_hung_in_its_start(root: Any, profile: dict[str, Any], api_key:
     _all_back(root, profile)
 
 
+def test_fleet_worker_instance_stopped_under_load(root: Any, profile: dict[str, Any],
+                                                 api_key: HostKey, public: Public,
+                                                 record_property: Any) -> None:
+    """A fleet worker stopping an instance (a shutdown, a restart) under load: its unit's ExecStop
+    has the router remove it, then waits for what it serves to finish before vLLM's SIGTERM, so
+    no request is cut. The machine's own vllm-router stands in for the fleet's (a real one of the
+    same version, as in test_fleet.py); afterwards the fleet file goes, the instance starts again
+    on loopback and the router has it back."""
+    if len(profile["instances"]) < 2:
+        pytest.skip("one instance: nothing would serve while it is stopped")
+    paths, rt = profile["paths"], profile["router"]
+    inst = profile["instances"][-1]
+    unit, url = f"vllm@{inst['name']}.service", f"http://127.0.0.1:{inst['port']}"
+    fleet = {"fleet": "test", "role": "worker", "router": f"http://127.0.0.1:{rt['internal_port']}",
+             "instance_ports": [i["port"] for i in profile["instances"]]}
+    assert not root.file(paths["fleet"]).exists, "this machine already has a fleet file"
+    _all_back(root, profile)
+    since = root.run("date +@%s").stdout.strip()
+    try:
+        root.run_test(f"printf %s {shlex.quote(json.dumps(fleet))} > {paths['fleet']}")
+        res = _under_load(root, profile, api_key, public, f"systemctl stop {unit}")
+    finally:
+        root.run(f"rm -f {paths['fleet']}")
+        root.run(f"systemctl start --no-block {unit}")
+    for k, v in res.items():
+        record_property(k, v)
+    journal = root.run(f"journalctl -u {unit} --since {since} -o cat --no-pager").stdout
+    left = re.search(rf"{re.escape(url)} left .*; draining", journal)
+    drained = re.search(rf"{re.escape(url)} drained in (\d+) s", journal)
+    assert left and drained, journal[-2000:]
+    record_property("drained_in_s", int(drained.group(1)))
+    assert not res["failed"], f"requests failed while a fleet worker's instance stopped: {res}"
+    _all_back(root, profile)
+    # the fleet file is gone, so no join adds it: the machine's router gets it back as it was
+    assert http(root, rt["internal_port"], f"/add_worker?url={url}", method="POST").status in (200, 400)
+    assert url in http(root, rt["internal_port"], "/list_workers").body
+
+
 # ---- the machine rebooted -----------------------------------------------------------------------
 
 AFTER_S = 5  # load kept up after the endpoint is back

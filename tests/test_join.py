@@ -4,8 +4,12 @@ molecule container (image_tests/test_fleet.py)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,9 +59,11 @@ def test_the_role_is_read_in_one_place_and_a_bad_file_serves_alone(
     assert "Traceback" not in r.stderr
 
 
-def test_an_unknown_option_is_refused(machine: Path) -> None:
-    r = join(machine, WORKER, "--rol")
-    assert r.returncode == 2 and "usage: inference-join [--role | --serves-instances]" in r.stderr
+@pytest.mark.parametrize("args", [("--rol",), ("--leave",), ("--leave", "8100; reboot")])
+def test_an_unknown_option_is_refused(machine: Path, args: tuple[str, ...]) -> None:
+    r = join(machine, WORKER, *args)
+    assert r.returncode == 2, r.stderr
+    assert "usage: inference-join [--role | --serves-instances | --leave PORT]" in r.stderr
 
 
 @pytest.mark.parametrize(("fleet", "why"), [
@@ -101,3 +107,106 @@ def test_an_instance_not_up_yet_is_left_for_the_next_run(machine: Path, tmp_path
         f"inference-join: http://127.0.0.1:{p} is not healthy yet; next try in {every} s"
         for p in (9, 19)]
     assert calls.read_text() == f"add element inet {FIREWALL_TABLE} fleet_router {{ 127.0.0.1 }}\n"
+
+
+class Standin:
+    """A stand-in for the fleet's vllm-router (what it was asked) and for one instance, whose
+    vLLM gauges read `running` requests until `busy_until` (time.monotonic())."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.busy_until = 0.0
+        standin = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_: object) -> None:
+                pass
+
+            def _send(self, body: str) -> None:
+                b = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                self.wfile.write(b)
+
+            def do_POST(self) -> None:
+                standin.calls.append(self.path)
+                self._send("Successfully removed worker")
+
+            def do_GET(self) -> None:
+                n = 1 if time.monotonic() < standin.busy_until else 0
+                self._send('# TYPE vllm:num_requests_running gauge\n'
+                           f'vllm:num_requests_running{{engine="0",model_name="m"}} {n}.0\n'
+                           'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+                           'vllm:num_requests_running_total 7.0\n')
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def standin() -> Iterator[Standin]:
+    s = Standin()
+    yield s
+    s.srv.shutdown()
+    s.srv.server_close()
+
+
+def test_a_leaving_instance_is_removed_from_the_router_and_drained(machine: Path,
+                                                                   standin: Standin) -> None:
+    """A worker's instance being stopped (its unit's ExecStop): the router removes it first, then
+    the stop waits until vLLM's gauges read no request running or waiting, so none is aborted.
+    One stand-in plays both the router and the instance (the router's address and the instance's
+    are both 127.0.0.1 here)."""
+    fleet = {**WORKER, "router": f"http://127.0.0.1:{standin.port}",
+             "instance_ports": [standin.port]}
+    standin.busy_until = time.monotonic() + 2
+    t0 = time.monotonic()
+    r = join(machine, fleet, "--leave", str(standin.port))
+    took = time.monotonic() - t0
+    url = f"http://127.0.0.1:{standin.port}"
+    assert r.returncode == 0, r.stderr
+    assert standin.calls == [f"/remove_worker?url={url}"]
+    assert r.stdout.splitlines()[0] == f"inference-join: {url} left http://127.0.0.1:{standin.port}; draining"
+    assert r.stdout.splitlines()[-1].startswith(f"inference-join: {url} drained in ")
+    assert took >= 2, f"returned after {took:.1f} s while a request was still running"
+
+
+def test_the_drain_fits_in_the_stop_timeout_systemd_gives_it() -> None:
+    """systemd ends an ExecStop at TimeoutStopSec: the router call (3 s) plus the drain, polled
+    at most 1.5 s past its end, must fit, or a drain would be cut where the leave said it waits."""
+    assert 3 + LIMITS["drain_s"] + 1.5 < LIMITS["stop_timeout_s"]
+
+
+def test_a_leave_that_cannot_reach_the_router_or_the_instance_lets_the_stop_go_on(
+        machine: Path, standin: Standin) -> None:
+    port = standin.port
+    standin.srv.shutdown()
+    standin.srv.server_close()  # nothing listens there now: neither router nor instance answers
+    r = join(machine, {**WORKER, "router": f"http://127.0.0.1:{port}"}, "--leave", str(port))
+    assert r.returncode == 0, r.stderr
+    assert f"http://127.0.0.1:{port} unreachable to remove http://127.0.0.1:{port}" in r.stderr
+    assert r.stdout.strip().endswith("does not answer: nothing to drain")
+
+
+@pytest.mark.parametrize("fleet", [None, ROUTER, "{not json"])
+def test_leave_does_nothing_off_a_worker(machine: Path, fleet: object) -> None:
+    r = join(machine, fleet, "--leave", "8100")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+
+
+def test_an_instance_stop_leaves_through_its_own_port(machine: Path, standin: Standin) -> None:
+    """vllm@'s ExecStop is `inference-run --leave UNIT`: the port the router knows the instance by
+    is the one its rendered command line serves on."""
+    f = machine / PATHS["fleet"].lstrip("/")
+    f.write_text(json.dumps({**WORKER, "router": f"http://127.0.0.1:{standin.port}"}))
+    run = machine / PATHS["runner"].lstrip("/")
+    env = {"INFERENCE_ROOT": str(machine), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    r = subprocess.run([run, "--leave", "vllm-1"], env=env, capture_output=True, text=True)
+    port = resolve("cpu").instances[1].port
+    assert r.returncode == 0, r.stderr
+    assert standin.calls == [f"/remove_worker?url=http://127.0.0.1:{port}"]
+    f.unlink()
+    r = subprocess.run([run, "--leave", "vllm-1"], env=env, capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr, len(standin.calls)) == (0, "", "", 1)

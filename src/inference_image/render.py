@@ -71,7 +71,14 @@ LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100
           "min_cache_free_mib": 256,
           # a fleet's inference-join timer: how long a worker whose instances are up may wait
           # for its first traffic (the fleet target: 30 s), at one short run per period
-          "join_every_s": 15}
+          "join_every_s": 15,
+          # a fleet worker's instance, stopped: how long it waits for what it serves to finish
+          # once the router has stopped sending it requests (its unit's ExecStop), before vLLM's
+          # SIGTERM aborts the rest. systemd gives an ExecStop the unit's TimeoutStopSec, which
+          # this and the router call (3 s at most) fit in
+          "drain_s": 10,
+          # an instance's TimeoutStopSec (vllm@.service says why it is short)
+          "stop_timeout_s": 15}
 
 
 class RenderError(Exception):
