@@ -1,13 +1,22 @@
 """inference-image fleet (issue 18): a fleet file's plan (droplets, cost, endpoint, firewalls,
-each role's user-data), the DigitalOcean API calls `up` would make, and one clear line for each
-bad field. No API is reachable from here, and `up` makes nothing yet (pydo's calls are printed,
-not made): these test the plan and the dry run. The droplets' side: tests/test_join.py and
+each role's user-data), the DigitalOcean API calls `up` makes, and one clear line for each bad
+field. No API is reachable from here: `up`, `status` and `down` run their real pydo client
+against a stand-in of DigitalOcean's API (StandinApi, HTTPS on loopback, the few routes they
+call), which records the calls. The droplets' side: tests/test_join.py and
 image_tests/test_fleet.py."""
 
 from __future__ import annotations
 
+import http.server
+import itertools
 import json
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
@@ -45,7 +54,7 @@ def test_the_example_plan_fits_one_screen_and_prices_every_droplet(capsys) -> No
                                         "sources": {"tags": ["llama70b-worker"]}}
     assert workers["inbound_rules"][0] == {"protocol": "tcp", "ports": "8100-8103",
                                            "sources": {"tags": ["llama70b-router"]}}
-    assert "not built yet" in out
+    assert "fleet up (DIGITALOCEAN_TOKEN), fleet status, fleet down --yes" in out
 
 
 def test_user_data_is_cloud_config_naming_the_role_and_the_router_to_join() -> None:
@@ -63,9 +72,9 @@ def test_user_data_is_cloud_config_naming_the_role_and_the_router_to_join() -> N
         == {"fleet": "llama70b", "role": "router", "worker_tag": "llama70b-worker"}
 
 
-def test_up_dry_run_prints_the_calls_in_order_and_up_makes_nothing_yet(capsys) -> None:
+def test_up_dry_run_prints_the_calls_in_order(capsys) -> None:
     calls = fleet.api_calls(fleet.plan(fleet.load(EXAMPLE)))
-    assert [c[0] for c in calls] == ["droplets.create", "droplets.list", "droplets.create",
+    assert [c[0] for c in calls] == ["droplets.create", "droplets.get", "droplets.create",
                                      "firewalls.create", "firewalls.create"]
     assert calls[0][1]["body"]["names"] == ["llama70b-router"]
     assert calls[0][1]["body"]["size"] == "s-4vcpu-16gb-amd"
@@ -76,9 +85,6 @@ def test_up_dry_run_prints_the_calls_in_order_and_up_makes_nothing_yet(capsys) -
     assert "vpc_uuid" not in workers and "ssh_keys" not in workers
     assert cli.main(["fleet", "up", "--dry-run", str(EXAMPLE)]) == 0
     assert capsys.readouterr().out.count("client.") == 5
-    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "does not call DigitalOcean's API itself yet" in err[0]
 
 
 def test_snapshot_from_the_builds_manifest(tmp_path: Path) -> None:
@@ -119,3 +125,179 @@ def test_an_unknown_tier_or_a_missing_file_is_one_line(tmp_path: Path, capsys) -
     assert len(err) == 1 and "h900" in err[0]
     assert cli.main(["fleet", "plan", str(tmp_path / "none.yaml")]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+class StandinApi:
+    """A stand-in of DigitalOcean's API (none is reachable here): the routes `fleet` calls, over
+    HTTPS (pydo sends its token only over TLS) with a certificate made for the test. A droplet is
+    "new" at its first read and active, with a private and a public address, from the second;
+    `fail` maps "METHOD /path" to an HTTP status answered once, as the API answers an error."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.droplets: dict[int, dict[str, Any]] = {}
+        self.firewalls: dict[str, dict[str, Any]] = {}
+        self.fail: dict[str, int] = {}
+        self.reads: dict[int, int] = {}
+        ids = itertools.count(1001)
+        api = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_: object) -> None:
+                pass
+
+            def _send(self, code: int, doc: Any = None) -> None:
+                b = json.dumps(doc).encode() if doc is not None else b""
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                self.wfile.write(b)
+
+            def _route(self, method: str) -> None:
+                assert self.headers["Authorization"] == "Bearer dop_v1_standin"
+                u = urlparse(self.path)
+                q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n)) if n else None
+                api.calls.append((method, u.path, body if body is not None else q))
+                if (code := api.fail.pop(f"{method} {u.path}", None)) is not None:
+                    return self._send(code, {"id": "unprocessable_entity", "message": "stand-in says no"})
+                if (method, u.path) == ("POST", "/v2/droplets"):
+                    made = [api.droplets.setdefault(i, {"id": i, "name": name, "status": "new",
+                                                        "tags": body["tags"], "networks": {"v4": []}})
+                            for name, i in zip(body["names"], ids, strict=False)]
+                    return self._send(202, {"droplets": made})
+                if (method, u.path) == ("GET", "/v2/droplets"):
+                    ds = [d for d in api.droplets.values() if q.get("tag_name") in d["tags"]]
+                    return self._send(200, {"droplets": ds, "links": {}, "meta": {"total": len(ds)}})
+                if (method, u.path) == ("DELETE", "/v2/droplets"):
+                    for i in [i for i, d in api.droplets.items() if q["tag_name"] in d["tags"]]:
+                        del api.droplets[i]
+                    return self._send(204)
+                if method == "GET" and u.path.startswith("/v2/droplets/"):
+                    d = api.droplets[int(u.path.rsplit("/", 1)[1])]
+                    api.reads[d["id"]] = api.reads.get(d["id"], 0) + 1
+                    if api.reads[d["id"]] >= 2:
+                        d["status"] = "active"
+                        d["networks"]["v4"] = [
+                            {"ip_address": f"10.10.0.{d['id'] - 1000 + 1}", "type": "private"},
+                            {"ip_address": f"203.0.113.{d['id'] - 1000}", "type": "public"}]
+                    return self._send(200, {"droplet": d})
+                if (method, u.path) == ("POST", "/v2/firewalls"):
+                    fw = {**body, "id": f"fw-{len(api.firewalls) + 1}", "status": "succeeded"}
+                    api.firewalls[fw["id"]] = fw
+                    return self._send(202, {"firewall": fw})
+                if (method, u.path) == ("GET", "/v2/firewalls"):
+                    return self._send(200, {"firewalls": list(api.firewalls.values()), "links": {},
+                                            "meta": {"total": len(api.firewalls)}})
+                if method == "DELETE" and u.path.startswith("/v2/firewalls/"):
+                    api.firewalls.pop(u.path.rsplit("/", 1)[1])
+                    return self._send(204)
+                return self._send(404, {"id": "not_found", "message": f"{method} {u.path}"})
+
+            def do_GET(self) -> None:
+                self._route("GET")
+
+            def do_POST(self) -> None:
+                self._route("POST")
+
+            def do_DELETE(self) -> None:
+                self._route("DELETE")
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"https://127.0.0.1:{self.srv.server_address[1]}"
+
+    def made(self) -> list[str]:
+        return [f"{m} {p}" for m, p, _ in self.calls if m != "GET"]
+
+
+@pytest.fixture(scope="module")
+def api_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("api")
+    cert, key = d / "api.pem", d / "api.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def api(api_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[StandinApi]:
+    cert, key = api_cert
+    a = StandinApi(cert, key)
+    monkeypatch.setenv("DIGITALOCEAN_API_URL", a.url)
+    monkeypatch.setenv("DIGITALOCEAN_TOKEN", "dop_v1_standin")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))  # pydo's transport (requests) trusts it
+    monkeypatch.setattr(fleet, "POLL_S", 0.01)
+    yield a
+    a.srv.shutdown()
+    a.srv.server_close()
+
+
+def test_up_makes_the_router_then_workers_that_name_it_then_the_firewalls(api: StandinApi,
+                                                                          capsys) -> None:
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert api.made() == ["POST /v2/droplets", "POST /v2/droplets", "POST /v2/firewalls",
+                          "POST /v2/firewalls"]
+    router_body, workers_body = (b for m, p, b in api.calls if (m, p) == ("POST", "/v2/droplets"))
+    assert router_body["names"] == ["llama70b-router"]
+    assert workers_body["names"] == [f"llama70b-worker-{i}" for i in range(1, 5)]
+    # the workers' user-data names the router's private address, read once it was active
+    ud = yaml.safe_load(workers_body["user_data"])["write_files"][0]
+    assert json.loads(ud["content"])["router"] == "http://10.10.0.2:8001"
+    want = [c[1].get("body") for c in fleet.api_calls(fleet.plan(fleet.load(EXAMPLE)), "10.10.0.2")]
+    assert workers_body == want[2] and router_body == want[0]
+    assert [b["name"] for m, p, b in api.calls if p == "/v2/firewalls" and m == "POST"] == \
+        ["llama70b-edge", "llama70b-workers"]
+    assert "endpoint https://203.0.113.1:8000 once the workers have joined" in out
+    # a second `up` of the same fleet is refused, naming what is there
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fleet llama70b has droplets already (llama70b-router, " in err[0]
+    assert len(api.made()) == 4
+
+
+def test_status_then_down_removes_every_droplet_and_firewall(api: StandinApi, capsys) -> None:
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 0
+    capsys.readouterr()
+    assert cli.main(["fleet", "status", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "fleet llama70b: 5 droplet(s), nyc2"
+    assert out[2].split() == ["llama70b-router", "router", "active", "10.10.0.2", "203.0.113.1"]
+    assert any(line.split()[:2] == ["llama70b-worker-4", "worker"] for line in out)
+    assert "firewalls llama70b-edge, llama70b-workers" in out
+    assert cli.main(["fleet", "down", str(EXAMPLE)]) == 1  # without --yes: what would go
+    assert "would remove llama70b-router" in capsys.readouterr().err
+    assert api.droplets and api.firewalls
+    assert cli.main(["fleet", "down", "--yes", str(EXAMPLE)]) == 0
+    assert not api.droplets and not api.firewalls
+    assert cli.main(["fleet", "status", str(EXAMPLE)]) == 0
+    assert "no droplet" in capsys.readouterr().out
+
+
+def test_an_up_that_fails_part_way_leaves_nothing(api: StandinApi, capsys) -> None:
+    api.fail["POST /v2/firewalls"] = 422
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "DigitalOcean API firewalls.create" in err[0] and "stand-in says no" in err[0]
+    assert "what this run had made is removed again" in err[0]
+    assert not api.droplets and not api.firewalls
+    assert api.made()[-1] == "DELETE /v2/droplets"
+
+
+def test_no_token_is_one_line_naming_it(api: StandinApi, monkeypatch: pytest.MonkeyPatch,
+                                        capsys) -> None:
+    monkeypatch.delenv("DIGITALOCEAN_TOKEN")
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: DIGITALOCEAN_TOKEN is not set. Fix: export DIGITALOCEAN_TOKEN=<a token "
+                   "with droplet, tag and firewall scopes> (read from the environment only)"]
+    assert api.calls == []

@@ -13,15 +13,22 @@ DigitalOcean's official client) with their bodies and each role's user-data. A w
 role (PATHS["fleet"]): its instances listen on every address, its firewall lets only the router's
 address reach them, and inference-join registers them with the router every 15 s. The router
 droplet runs no instance, and its vllm-router listens on every address with no worker until one
-joins, its port open to the machine's private networks only. What is not built yet is `up`
-itself (pydo's calls, made for real), so without --dry-run it refuses to create droplets.
+joins, its port open to the machine's private networks only.
+
+`up` makes those calls with pydo (DIGITALOCEAN_TOKEN from the environment, never written; an
+`up` that fails part-way removes what it made), `status` lists the fleet's droplets and firewalls
+and `down --yes` removes them. DIGITALOCEAN_API_URL points pydo elsewhere than
+https://api.digitalocean.com: the unit tests' stand-in of the API, since none is reachable there.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -195,13 +202,14 @@ def user_data(p: Plan, role: str, router: str | None = None) -> str:
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=200)
 
 
-def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
+def api_calls(p: Plan, router_ip: str | None = None) -> list[tuple[str, dict[str, Any], str]]:
     """Every DigitalOcean API call of `up`, in order: (pydo method, its keyword arguments, why).
-    The router is made first: the workers' user-data names its private address."""
+    The router is made first: the workers' user-data names its private address (router_ip, once
+    it is known; a placeholder in a dry run)."""
     def body(names: list[str], d: Droplet, role: str) -> dict[str, Any]:
         b: dict[str, Any] = {"names": names, "region": p.region, "size": d.size,
                              "image": p.snapshot_id, "tags": tags(p.spec, d.role), "ipv6": True,
-                             "monitoring": True, "user_data": user_data(p, role)}
+                             "monitoring": True, "user_data": user_data(p, role, router_ip)}
         if p.spec.ssh_keys:
             b["ssh_keys"] = list(p.spec.ssh_keys)
         if p.spec.vpc_uuid:
@@ -211,7 +219,7 @@ def api_calls(p: Plan) -> list[tuple[str, dict[str, Any], str]]:
     router = next(d for d in p.droplets if d.role == "router")
     return [
         ("droplets.create", {"body": body([router.name], router, "router")}, "the router"),
-        ("droplets.list", {"tag_name": role_tag(p.spec, "router")},
+        ("droplets.get", {"droplet_id": "<the router's id, from the call above>"},
          "again until the router is active, for its private IPv4"),
         ("droplets.create", {"body": body([d.name for d in workers], workers[0], "worker")},
          "the workers, their user-data naming the router"),
@@ -256,7 +264,8 @@ def describe(p: Plan) -> str:
         "the router's tag only, 22/tcp from anywhere",
         f"user-data router: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'router'))}",
         f"user-data worker: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'worker'))}",
-        "not built yet: `fleet up` making the calls itself; it runs only with --dry-run",
+        "commands  fleet up (DIGITALOCEAN_TOKEN), fleet status, fleet down --yes; "
+        "up --dry-run prints the API calls",
     ]
     return "\n".join(lines)
 
@@ -282,14 +291,179 @@ def cmd_plan(args: Any) -> int:
     return 0
 
 
-def cmd_up(args: Any) -> int:
+READY_S = 600  # a droplet from a snapshot is active in 1-3 minutes; a GPU one may take longer
+POLL_S = 5.0
+
+
+def client() -> Any:
+    """pydo's client, or FleetError naming what is missing."""
+    token = os.environ.get("DIGITALOCEAN_TOKEN", "").strip()
+    if not token:
+        raise FleetError("DIGITALOCEAN_TOKEN is not set. Fix: export DIGITALOCEAN_TOKEN=<a token "
+                         "with droplet, tag and firewall scopes> (read from the environment only)")
+    try:
+        import pydo  # type: ignore[import-untyped]  # only `up`, `status` and `down` need it
+    except ImportError:
+        raise FleetError("pydo (DigitalOcean's Python client) is not installed. Fix: make setup, "
+                         "or pip install pydo") from None
+    endpoint = os.environ.get("DIGITALOCEAN_API_URL")
+    return pydo.Client(token=token, **({"endpoint": endpoint} if endpoint else {}))
+
+
+def _call(c: Any, method: str, **kwargs: Any) -> Any:
+    """One API call; its failure as FleetError with DigitalOcean's own message."""
+    group, name = method.split(".")
+    try:
+        return getattr(getattr(c, group), name)(**kwargs)
+    except Exception as exc:  # azure.core's HttpResponseError / ServiceRequestError, and transport
+        msg = getattr(getattr(exc, "response", None), "text", None)
+        detail = msg() if callable(msg) else str(exc)
+        raise FleetError(f"DigitalOcean API {method}: {detail.strip()[:300]}") from None
+
+
+def _address(d: dict[str, Any], kind: str) -> str | None:
+    return next((n["ip_address"] for n in d.get("networks", {}).get("v4", [])
+                 if n.get("type") == kind), None)
+
+
+def _fleet_droplets(c: Any, spec: FleetSpec) -> list[dict[str, Any]]:
+    return list(_call(c, "droplets.list", tag_name=tags(spec, "router")[0], per_page=200)
+                .get("droplets", []))
+
+
+def _fleet_firewalls(c: Any, spec: FleetSpec) -> list[dict[str, Any]]:
+    names = {f"{spec.name}-edge", f"{spec.name}-workers"}
+    return [f for f in _call(c, "firewalls.list", per_page=200).get("firewalls", [])
+            if f.get("name") in names]
+
+
+def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Make the fleet: the calls of api_calls(), in order. A fleet that has droplets already is
+    refused; a failure part-way removes what this run made (by the fleet's tag and the firewalls'
+    ids) before it is raised, so nothing is left half-built."""
+    spec = p.spec
+    have = _fleet_droplets(c, spec)
+    if have:
+        names = ", ".join(sorted(str(d.get("name")) for d in have))
+        raise FleetError(f"fleet {spec.name} has droplets already ({names}). Fix: `fleet status` "
+                         "shows them, `fleet down --yes` removes them")
+    calls = api_calls(p)
+    made_fw: list[str] = []
+    try:
+        method, kwargs, why = calls[0]
+        router = _call(c, method, **kwargs)["droplets"][0]
+        say(f"made {router['name']} ({why}), id {router['id']}; waiting until it is active")
+        t0, ip = time.monotonic(), None
+        while True:
+            d = _call(c, "droplets.get", droplet_id=router["id"])["droplet"]
+            ip = _address(d, "private") if d.get("status") == "active" else None
+            if ip:
+                break
+            if time.monotonic() - t0 > READY_S:
+                raise FleetError(f"{router['name']} not active with a private address after "
+                                 f"{READY_S} s (status {d.get('status')})")
+            time.sleep(POLL_S)
+        public = _address(d, "public")
+        say(f"{router['name']} is active: private {ip}, public {public}")
+        method, kwargs, why = api_calls(p, ip)[2]
+        workers = _call(c, method, **kwargs)["droplets"]
+        say(f"made {', '.join(w['name'] for w in workers)} ({why})")
+        for method, kwargs, _ in calls[3:]:
+            fw = _call(c, method, **kwargs)["firewall"]
+            made_fw.append(fw["id"])
+            say(f"made firewall {fw['name']}")
+    except FleetError as exc:
+        for fid in made_fw:
+            _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
+        _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=tags(spec, "router")[0]))
+        raise FleetError(f"{exc}; what this run had made is removed again") from None
+    return {"router": router["name"], "public": public, "private": ip,
+            "workers": [w["name"] for w in workers]}
+
+
+def _cleanup(undo: Callable[[], Any]) -> None:
+    try:
+        undo()
+    except FleetError as exc:
+        print(f"error: while removing what `up` made: {exc}", file=sys.stderr)
+
+
+def status(p: Plan, c: Any) -> str:
+    spec = p.spec
+    droplets = sorted(_fleet_droplets(c, spec), key=lambda d: str(d.get("name")))
+    if not droplets:
+        return f"fleet {spec.name}: no droplet (`fleet up` makes it)"
+    rows = [("droplet", "role", "status", "private", "public")]
+    for d in droplets:
+        role = "router" if role_tag(spec, "router") in d.get("tags", []) else "worker"
+        rows.append((str(d.get("name")), role, str(d.get("status")), _address(d, "private") or "-",
+                     _address(d, "public") or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"fleet {spec.name}: {len(droplets)} droplet(s), {p.region}"]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    fws = _fleet_firewalls(c, spec)
+    lines.append(f"firewalls {', '.join(sorted(f['name'] for f in fws)) or 'none'}")
+    router = next((d for d in droplets if role_tag(spec, "router") in d.get("tags", [])), None)
+    if router and _address(router, "public"):
+        scheme = "https" if p.router_tier.profile.router.tls != "off" else "http"
+        lines.append(f"endpoint  {scheme}://{_address(router, 'public')}:"
+                     f"{p.router_tier.profile.router.port}")
+    return "\n".join(lines)
+
+
+def down(p: Plan, c: Any) -> list[str]:
+    """Remove the fleet's droplets (by its tag) and firewalls (by name): what was removed."""
+    gone = [str(d.get("name")) for d in _fleet_droplets(c, p.spec)]
+    if gone:
+        _call(c, "droplets.destroy_by_tag", tag_name=tags(p.spec, "router")[0])
+    for f in _fleet_firewalls(c, p.spec):
+        _call(c, "firewalls.delete", firewall_id=f["id"])
+        gone.append(f"firewall {f['name']}")
+    return gone
+
+
+def _with_client(args: Any, act: Callable[[Plan, Any], int]) -> int:
     p = _load_plan(args.fleet)
     if p is None:
         return 1
+    try:
+        return act(p, client())
+    except FleetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_status(args: Any) -> int:
+    return _with_client(args, lambda p, c: print(status(p, c)) or 0)
+
+
+def cmd_down(args: Any) -> int:
+    def act(p: Plan, c: Any) -> int:
+        if not args.yes:
+            names = [str(d.get("name")) for d in _fleet_droplets(c, p.spec)]
+            names += [f"firewall {f['name']}" for f in _fleet_firewalls(c, p.spec)]
+            print(f"error: `fleet down` would remove {', '.join(names) or 'nothing'}. Fix: "
+                  "add --yes", file=sys.stderr)
+            return 1
+        gone = down(p, c)
+        print(f"fleet {p.spec.name}: removed {', '.join(gone) or 'nothing (no droplet)'}")
+        return 0
+    return _with_client(args, act)
+
+
+def cmd_up(args: Any) -> int:
     if not args.dry_run:
-        print("error: `fleet up` does not call DigitalOcean's API itself yet (issue 18). Fix: "
-              "`fleet up --dry-run` prints every call, with its body and user-data, in order",
-              file=sys.stderr)
+        def act(p: Plan, c: Any) -> int:
+            made = up(p, c)
+            scheme = "https" if p.router_tier.profile.router.tls != "off" else "http"
+            print(f"fleet {p.spec.name}: endpoint {scheme}://{made['public']}:"
+                  f"{p.router_tier.profile.router.port} once the workers have joined (their "
+                  f"models load first); API key: ssh root@{made['public']} cat {PATHS['api_key']}")
+            return 0
+        return _with_client(args, act)
+    p = _load_plan(args.fleet)
+    if p is None:
         return 1
     for i, (method, kwargs, why) in enumerate(api_calls(p), 1):
         body = kwargs.get("body", {})
@@ -309,8 +483,16 @@ def register(sub: Any) -> None:
                         "user-data of a fleet file, in one screen")
     p.add_argument("fleet", help="fleet file (YAML): name, tier, workers, snapshot, region, ...")
     p.set_defaults(func=cmd_plan)
-    p = fsub.add_parser("up", help="make the fleet's droplets and firewalls (DigitalOcean API)")
+    p = fsub.add_parser("up", help="make the fleet's droplets and firewalls (DigitalOcean API, "
+                        "DIGITALOCEAN_TOKEN)")
     p.add_argument("fleet")
     p.add_argument("--dry-run", action="store_true",
                    help="print every API call with its body and user-data; change nothing")
     p.set_defaults(func=cmd_up)
+    p = fsub.add_parser("status", help="the fleet's droplets, their addresses, its firewalls")
+    p.add_argument("fleet")
+    p.set_defaults(func=cmd_status)
+    p = fsub.add_parser("down", help="remove the fleet's droplets and firewalls")
+    p.add_argument("fleet")
+    p.add_argument("--yes", action="store_true", help="remove them (without it: what would go)")
+    p.set_defaults(func=cmd_down)
