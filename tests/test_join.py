@@ -186,7 +186,7 @@ def test_a_leave_that_cannot_reach_the_router_or_the_instance_lets_the_stop_go_o
     standin.srv.server_close()  # nothing listens there now: neither router nor instance answers
     r = join(machine, {**WORKER, "router": f"http://127.0.0.1:{port}"}, "--leave", str(port))
     assert r.returncode == 0, r.stderr
-    assert f"http://127.0.0.1:{port} unreachable to remove http://127.0.0.1:{port}" in r.stderr
+    assert f"http://127.0.0.1:{port} did not remove http://127.0.0.1:{port}" in r.stderr
     assert r.stdout.strip().endswith("does not answer: nothing to drain")
 
 
