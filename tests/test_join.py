@@ -153,8 +153,8 @@ def standin() -> Iterator[Standin]:
     s.srv.server_close()
 
 
-def test_a_leaving_instance_is_removed_from_the_router_and_drained(machine: Path,
-                                                                   standin: Standin) -> None:
+def test_a_leaving_instance_is_removed_from_the_router_and_drained(machine: Path, standin: Standin,
+                                                                   tmp_path: Path) -> None:
     """A worker's instance being stopped (its unit's ExecStop): the router removes it first, then
     the stop waits until vLLM's gauges read no request running or waiting, so none is aborted.
     One stand-in plays both the router and the instance (the router's address and the instance's
@@ -171,6 +171,18 @@ def test_a_leaving_instance_is_removed_from_the_router_and_drained(machine: Path
     assert r.stdout.splitlines()[0] == f"inference-join: {url} left http://127.0.0.1:{standin.port}; draining"
     assert r.stdout.splitlines()[-1].startswith(f"inference-join: {url} drained in ")
     assert took >= 2, f"returned after {took:.1f} s while a request was still running"
+    # until it starts again, a join (the timer, during the drain) does not add it back
+    marker = machine / PATHS["leaving"].lstrip("/") / str(standin.port)
+    assert marker.exists()
+    standin.calls.clear()
+    nft = tmp_path / "nft"  # a stand-in that accepts the router's address (test_fleet.py: the real one)
+    nft.write_text("#!/bin/sh\nexit 0\n")
+    nft.chmod(0o755)
+    again = subprocess.run([machine / PATHS["join"].lstrip("/")], capture_output=True, text=True,
+                           env={"INFERENCE_ROOT": str(machine),
+                                "PATH": f"{tmp_path}:/usr/bin:/bin:/usr/sbin:/sbin"})
+    assert again.returncode == 0 and standin.calls == [], (again.stdout, again.stderr)
+    assert f"{url} is leaving (stopping); it joins again once it has started" in again.stdout
 
 
 def test_the_drain_fits_in_the_stop_timeout_systemd_gives_it() -> None:
@@ -196,7 +208,8 @@ def test_leave_does_nothing_off_a_worker(machine: Path, fleet: object) -> None:
     assert r.returncode == 0 and r.stdout == "", r.stderr
 
 
-def test_an_instance_stop_leaves_through_its_own_port(machine: Path, standin: Standin) -> None:
+def test_an_instance_stop_leaves_through_its_own_port(machine: Path, standin: Standin,
+                                                      tmp_path: Path) -> None:
     """vllm@'s ExecStop is `inference-run --leave UNIT`: the port the router knows the instance by
     is the one its rendered command line serves on."""
     f = machine / PATHS["fleet"].lstrip("/")
@@ -207,6 +220,13 @@ def test_an_instance_stop_leaves_through_its_own_port(machine: Path, standin: St
     port = resolve("cpu").instances[1].port
     assert r.returncode == 0, r.stderr
     assert standin.calls == [f"/remove_worker?url=http://127.0.0.1:{port}"]
+    marker = machine / PATHS["leaving"].lstrip("/") / str(port)
+    assert marker.exists()
+    # its next start clears it (`true` stands in for the instance's Python: nothing is served)
+    start = subprocess.run([run, "vllm-1"], capture_output=True, text=True,
+                           env={**env, "INFERENCE_PYTHON": "true", "TMPDIR": str(tmp_path)})
+    assert start.returncode == 0, start.stderr
+    assert not marker.exists()
     f.unlink()
     r = subprocess.run([run, "--leave", "vllm-1"], env=env, capture_output=True, text=True)
     assert (r.returncode, r.stdout, r.stderr, len(standin.calls)) == (0, "", "", 1)

@@ -53,6 +53,10 @@ PATHS = {
     # a fleet worker registers its instances with the fleet's router (inference-join.timer)
     "join": "/usr/local/sbin/inference-join",
 }
+# a fleet worker's instance that is leaving its router (a file named by its port, from its
+# ExecStop until its next start): the join timer must not add it back while it drains. Beside the
+# caches because the service user writes it.
+PATHS["leaving"] = PATHS["cache"] + "/leaving"
 # What first boot makes on each machine (and the ACME account, certificate and request that
 # belong to one machine's domain, and the fleet role its user-data gave it), and sysprep removes
 # before a snapshot.
