@@ -99,9 +99,13 @@ class FleetError(Exception):
 
 
 def tags(spec: FleetSpec, role: str) -> list[str]:
-    """A droplet's tags: the fleet's (what `down` would find) and its role's (what the firewalls
-    name as their target and source)."""
-    return [f"inference-image-fleet-{spec.name}", role_tag(spec, role)]
+    """A droplet's tags: the fleet's (what `status` and `down` find) and its role's (what the
+    firewalls name as their target and source)."""
+    return [fleet_tag(spec), role_tag(spec, role)]
+
+
+def fleet_tag(spec: FleetSpec) -> str:
+    return f"inference-image-fleet-{spec.name}"
 
 
 def role_tag(spec: FleetSpec, role: str) -> str:
@@ -179,6 +183,12 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
     return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
 
 
+def endpoint(p: Plan, address: str) -> str:
+    """The fleet's public URL: nginx on the router droplet."""
+    rt = p.router_tier.profile.router
+    return f"{'https' if rt.tls != 'off' else 'http'}://{address}:{rt.port}"
+
+
 def fleet_json(p: Plan, role: str, router: str | None = None) -> dict[str, Any]:
     """What user-data writes to PATHS["fleet"] on a droplet of `role`. The router knows no worker
     up front: each worker registers its instances with the router's vllm-router at boot (its
@@ -244,6 +254,7 @@ def describe(p: Plan) -> str:
              for r in rows]
     n_inst = len(p.tier.instances) * s.workers
     per = t.digitalocean.price_per_gpu_hour
+    router_ip = f"<{s.name}-router's public IPv4>"
     lines = [
         f"fleet {s.name}: {s.workers} x {t.tier} ({t.description}) behind one router",
         f"region {p.region}, VPC {s.vpc_uuid or 'the region default'}, snapshot {p.snapshot_id} "
@@ -251,9 +262,7 @@ def describe(p: Plan) -> str:
         *table,
         f"  per month (730 h): ${p.usd_per_hour * 730:,.0f}; GPUs {t.hardware.gpu_count * s.workers} "
         f"at ${per:.2f}/GPU-hour",
-        f"endpoint  {'https' if p.router_tier.profile.router.tls != 'off' else 'http'}://"
-        f"<{s.name}-router's public IPv4>:{p.router_tier.profile.router.port}  (API key: ssh root@"
-        f"<router> cat {PATHS['api_key']})",
+        f"endpoint  {endpoint(p, router_ip)}  (API key: ssh root@<router> cat {PATHS['api_key']})",
         f"routing   vllm-router on the router, {p.router_tier.profile.router.policy} over {n_inst} "
         f"instances ({s.workers} workers x {len(p.tier.instances)}), ports "
         f"{', '.join(map(str, p.instance_ports))} on the workers' private addresses",
@@ -327,12 +336,12 @@ def _address(d: dict[str, Any], kind: str) -> str | None:
 
 
 def _fleet_droplets(c: Any, spec: FleetSpec) -> list[dict[str, Any]]:
-    return list(_call(c, "droplets.list", tag_name=tags(spec, "router")[0], per_page=200)
+    return list(_call(c, "droplets.list", tag_name=fleet_tag(spec), per_page=200)
                 .get("droplets", []))
 
 
-def _fleet_firewalls(c: Any, spec: FleetSpec) -> list[dict[str, Any]]:
-    names = {f"{spec.name}-edge", f"{spec.name}-workers"}
+def _fleet_firewalls(c: Any, p: Plan) -> list[dict[str, Any]]:
+    names = {fw["name"] for fw in p.firewalls}
     return [f for f in _call(c, "firewalls.list", per_page=200).get("firewalls", [])
             if f.get("name") in names]
 
@@ -375,7 +384,7 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
     except FleetError as exc:
         for fid in made_fw:
             _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
-        _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=tags(spec, "router")[0]))
+        _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(spec)))
         raise FleetError(f"{exc}; what this run had made is removed again") from None
     return {"router": router["name"], "public": public, "private": ip,
             "workers": [w["name"] for w in workers]}
@@ -393,34 +402,32 @@ def status(p: Plan, c: Any) -> str:
     droplets = sorted(_fleet_droplets(c, spec), key=lambda d: str(d.get("name")))
     if not droplets:
         return f"fleet {spec.name}: no droplet (`fleet up` makes it)"
+    router = next((d for d in droplets if role_tag(spec, "router") in d.get("tags", [])), None)
     rows = [("droplet", "role", "status", "private", "public")]
     for d in droplets:
-        role = "router" if role_tag(spec, "router") in d.get("tags", []) else "worker"
-        rows.append((str(d.get("name")), role, str(d.get("status")), _address(d, "private") or "-",
-                     _address(d, "public") or "-"))
+        rows.append((str(d.get("name")), "router" if d is router else "worker", str(d.get("status")),
+                     _address(d, "private") or "-", _address(d, "public") or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [f"fleet {spec.name}: {len(droplets)} droplet(s), {p.region}"]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
               for r in rows]
-    fws = _fleet_firewalls(c, spec)
+    fws = _fleet_firewalls(c, p)
     lines.append(f"firewalls {', '.join(sorted(f['name'] for f in fws)) or 'none'}")
-    router = next((d for d in droplets if role_tag(spec, "router") in d.get("tags", [])), None)
-    if router and _address(router, "public"):
-        scheme = "https" if p.router_tier.profile.router.tls != "off" else "http"
-        lines.append(f"endpoint  {scheme}://{_address(router, 'public')}:"
-                     f"{p.router_tier.profile.router.port}")
+    if router and (public := _address(router, "public")):
+        lines.append(f"endpoint  {endpoint(p, public)}")
     return "\n".join(lines)
 
 
-def down(p: Plan, c: Any) -> list[str]:
-    """Remove the fleet's droplets (by its tag) and firewalls (by name): what was removed."""
-    gone = [str(d.get("name")) for d in _fleet_droplets(c, p.spec)]
-    if gone:
-        _call(c, "droplets.destroy_by_tag", tag_name=tags(p.spec, "router")[0])
-    for f in _fleet_firewalls(c, p.spec):
-        _call(c, "firewalls.delete", firewall_id=f["id"])
-        gone.append(f"firewall {f['name']}")
-    return gone
+def down(p: Plan, c: Any, dry_run: bool = False) -> list[str]:
+    """Remove the fleet's droplets (by its tag) and firewalls (by name): what was removed, or with
+    dry_run what would be."""
+    droplets, firewalls = _fleet_droplets(c, p.spec), _fleet_firewalls(c, p)
+    if not dry_run:
+        if droplets:
+            _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(p.spec))
+        for f in firewalls:
+            _call(c, "firewalls.delete", firewall_id=f["id"])
+    return [str(d.get("name")) for d in droplets] + [f"firewall {f['name']}" for f in firewalls]
 
 
 def _with_client(args: Any, act: Callable[[Plan, Any], int]) -> int:
@@ -441,10 +448,8 @@ def cmd_status(args: Any) -> int:
 def cmd_down(args: Any) -> int:
     def act(p: Plan, c: Any) -> int:
         if not args.yes:
-            names = [str(d.get("name")) for d in _fleet_droplets(c, p.spec)]
-            names += [f"firewall {f['name']}" for f in _fleet_firewalls(c, p.spec)]
-            print(f"error: `fleet down` would remove {', '.join(names) or 'nothing'}. Fix: "
-                  "add --yes", file=sys.stderr)
+            print(f"error: `fleet down` would remove {', '.join(down(p, c, dry_run=True)) or 'nothing'}. "
+                  "Fix: add --yes", file=sys.stderr)
             return 1
         gone = down(p, c)
         print(f"fleet {p.spec.name}: removed {', '.join(gone) or 'nothing (no droplet)'}")
@@ -456,10 +461,9 @@ def cmd_up(args: Any) -> int:
     if not args.dry_run:
         def act(p: Plan, c: Any) -> int:
             made = up(p, c)
-            scheme = "https" if p.router_tier.profile.router.tls != "off" else "http"
-            print(f"fleet {p.spec.name}: endpoint {scheme}://{made['public']}:"
-                  f"{p.router_tier.profile.router.port} once the workers have joined (their "
-                  f"models load first); API key: ssh root@{made['public']} cat {PATHS['api_key']}")
+            print(f"fleet {p.spec.name}: endpoint {endpoint(p, made['public'])} once the workers "
+                  f"have joined (their models load first); API key: ssh root@{made['public']} cat "
+                  f"{PATHS['api_key']}")
             return 0
         return _with_client(args, act)
     p = _load_plan(args.fleet)
