@@ -168,6 +168,14 @@ def tcp_open(addr: str, port: int, timeout: float = 3.0) -> bool:
         return False
 
 
+def own_router_worker_fleet(profile: dict[str, Any]) -> dict[str, Any]:
+    """A worker's fleet file whose router is this machine's own vllm-router: a real one of the
+    fleet's version stands in for the fleet's router droplet (test_fleet.py, test_faults.py)."""
+    return {"fleet": "test", "role": "worker",
+            "router": f"http://127.0.0.1:{profile['router']['internal_port']}",
+            "instance_ports": [i["port"] for i in profile["instances"]]}
+
+
 def wait_for(fn: Any, timeout: float, every: float = 2.0) -> Any:
     end = time.monotonic() + timeout
     while True:

@@ -28,6 +28,7 @@ from conftest import (
     HostKey,
     Public,
     http,
+    own_router_worker_fleet,
     seconds_until_balanced,
     traffic_per_instance,
     unit_failure_cause,
@@ -353,8 +354,7 @@ def test_fleet_worker_instance_stopped_under_load(root: Any, profile: dict[str, 
     paths, rt = profile["paths"], profile["router"]
     inst = profile["instances"][-1]
     unit, url = f"vllm@{inst['name']}.service", f"http://127.0.0.1:{inst['port']}"
-    fleet = {"fleet": "test", "role": "worker", "router": f"http://127.0.0.1:{rt['internal_port']}",
-             "instance_ports": [i["port"] for i in profile["instances"]]}
+    fleet = own_router_worker_fleet(profile)
     assert not root.file(paths["fleet"]).exists, "this machine already has a fleet file"
     _all_back(root, profile)
     since = root.run("date +@%s").stdout.strip()

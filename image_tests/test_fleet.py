@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import http
+from conftest import http, own_router_worker_fleet
 
 from inference_image.render import FIREWALL_TABLE
 
@@ -42,8 +42,7 @@ def test_a_worker_removed_from_the_router_joins_it_again(root: Any, profile: dic
     inst = profile["instances"][-1]
     url = f"http://127.0.0.1:{inst['port']}"
     assert url in before, before
-    fleet = {"fleet": "test", "role": "worker", "router": f"http://127.0.0.1:{rt['internal_port']}",
-             "instance_ports": [i["port"] for i in profile["instances"]]}
+    fleet = own_router_worker_fleet(profile)
     assert not root.file(paths["fleet"]).exists, "this machine already has a fleet file"
     try:
         root.run_test(f"printf %s {shlex.quote(json.dumps(fleet))} > {paths['fleet']}")

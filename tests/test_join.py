@@ -35,6 +35,19 @@ def join(root: Path, fleet: object | None, *args: str) -> subprocess.CompletedPr
                           capture_output=True, text=True)
 
 
+def join_recording_nft(root: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """inference-join with the fleet file as it is and an `nft` stand-in that records its
+    arguments (the real one is the container's, in image_tests/test_fleet.py): the run, the record."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "nft.calls"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nft").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "nft").chmod(0o755)
+    r = subprocess.run([root / PATHS["join"].lstrip("/")], capture_output=True, text=True,
+                       env={"INFERENCE_ROOT": str(root),
+                            "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin"})
+    return r, calls
+
+
 WORKER = {"fleet": "f", "role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": [8100]}
 ROUTER = {"fleet": "f", "role": "router", "worker_tag": "f-worker"}
 
@@ -87,20 +100,12 @@ def test_a_fleet_file_it_cannot_use_is_one_error_naming_the_field(machine: Path,
 
 def test_an_instance_not_up_yet_is_left_for_the_next_run(machine: Path, tmp_path: Path) -> None:
     """The router is let through the firewall first (its health checks then find an instance the
-    moment it is up); an instance not up is not registered, and the timer tries again. `nft` here
-    is a stand-in that records its arguments: the real one is the container's, in
-    image_tests/test_fleet.py."""
-    bin_dir, calls = tmp_path / "bin", tmp_path / "nft.calls"
-    bin_dir.mkdir()
-    (bin_dir / "nft").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
-    (bin_dir / "nft").chmod(0o755)
+    moment it is up); an instance not up is not registered, and the timer tries again."""
     f = machine / PATHS["fleet"].lstrip("/")
     f.write_text(json.dumps({"role": "worker", "router": "http://127.0.0.1:9",
                              "instance_ports": [9, 19]}))
     # nothing listens on these ports here: the router is never asked
-    r = subprocess.run([machine / PATHS["join"].lstrip("/")], capture_output=True, text=True,
-                       env={"INFERENCE_ROOT": str(machine),
-                            "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin"})
+    r, calls = join_recording_nft(machine, tmp_path)
     every = LIMITS["join_every_s"]
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
@@ -175,12 +180,7 @@ def test_a_leaving_instance_is_removed_from_the_router_and_drained(machine: Path
     marker = machine / PATHS["leaving"].lstrip("/") / str(standin.port)
     assert marker.exists()
     standin.calls.clear()
-    nft = tmp_path / "nft"  # a stand-in that accepts the router's address (test_fleet.py: the real one)
-    nft.write_text("#!/bin/sh\nexit 0\n")
-    nft.chmod(0o755)
-    again = subprocess.run([machine / PATHS["join"].lstrip("/")], capture_output=True, text=True,
-                           env={"INFERENCE_ROOT": str(machine),
-                                "PATH": f"{tmp_path}:/usr/bin:/bin:/usr/sbin:/sbin"})
+    again, _ = join_recording_nft(machine, tmp_path)
     assert again.returncode == 0 and standin.calls == [], (again.stdout, again.stderr)
     assert f"{url} is leaving (stopping); it joins again once it has started" in again.stdout
 
