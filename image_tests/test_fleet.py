@@ -112,7 +112,7 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
 def _timer_off(root: Any) -> None:
     """The join timer stopped while a test writes a fleet file and runs inference-join itself: a
     timer run in between (every 15 s once the file exists) would do the join first, and the
-    test's own run would find nothing left to do (seen: 1 run in 3 of the router test)."""
+    test's own run would find nothing left to do (seen: 2 runs in about 16 of the router test)."""
     root.run_test("systemctl stop inference-join.timer inference-join.service")
 
 
