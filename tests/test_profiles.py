@@ -115,6 +115,25 @@ def test_model_that_does_not_fit_says_by_how_much(pdir):
     assert "Fix: lower serving.max_num_seqs to 31" in err
 
 
+
+def test_kv_cache_sized_for_a_shorter_context_admits_more_sequences(pdir):
+    # rtx4000ada: 24 x 4096 tokens is its most; 64 sequences fit at 1536 tokens each
+    edit(pdir / "rtx4000ada.yaml", "  max_num_seqs: 24", "  max_num_seqs: 64\n  kv_context_per_seq: 1536")
+    fit = resolve("rtx4000ada", pdir).fit
+    assert fit is not None and fit.kv_gib == pytest.approx(64 * 1536 * 65536 / 1024**3)
+    edit(pdir / "rtx4000ada.yaml", "  kv_context_per_seq: 1536", "  kv_context_per_seq: 2048")
+    (err,) = errors_of("rtx4000ada", pdir)
+    assert "for 64 seqs x 2048 tokens" in err
+    assert "Fix: lower serving.max_num_seqs to 63, or kv_context_per_seq" in err
+
+
+def test_kv_context_per_seq_above_max_model_len_is_one_line(pdir):
+    edit(pdir / "rtx4000ada.yaml", "  max_num_seqs: 24", "  max_num_seqs: 24\n  kv_context_per_seq: 5000")
+    (err,) = errors_of("rtx4000ada", pdir)
+    assert err.endswith("serving.kv_context_per_seq: 5000 is more than max_model_len (4096): no "
+                        "sequence is longer. Fix: set at most 4096, or leave it out to size for "
+                        "max_model_len"), err
+
 def test_weights_alone_too_big(pdir):
     edit(pdir / "rtx4000ada.yaml", "  target: llama-3.1-8b-instruct", "  target: llama-3.3-70b-instruct")
     (err,) = errors_of("rtx4000ada", pdir)

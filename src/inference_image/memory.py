@@ -35,6 +35,12 @@ def decode_bytes_per_token(m: CatalogModel, quantization: str, kv_dtype: str, co
     return linear * weight_bytes_each + vocab_mat * 2 + context * kv_bytes_per_token(m, kv_dtype, 1)
 
 
+def kv_tokens(max_num_seqs: int, max_model_len: int, kv_context_per_seq: int | None) -> int:
+    """Tokens the KV cache must hold at once."""
+    per_seq = max_model_len if kv_context_per_seq is None else kv_context_per_seq
+    return max(max_num_seqs * per_seq, max_model_len)
+
+
 @dataclass(frozen=True)
 class Fit:
     weights_gib: float
@@ -65,8 +71,10 @@ def gpu_fit(
     gpu_memory_gib: float,
     gpu_memory_utilization: float,
     overhead_gib: float,
+    kv_context_per_seq: int | None = None,
 ) -> Fit:
-    """Worst case for one GPU of one instance: every sequence at full length at once."""
+    """One GPU of one instance with every sequence at kv_context_per_seq tokens at once (default
+    max_model_len: the worst case), and never less than one sequence at max_model_len."""
     kv_tok = kv_bytes_per_token(target, kv_dtype, tp)
     draft_w = 0.0
     if draft is not None:
@@ -75,7 +83,7 @@ def gpu_fit(
     return Fit(
         weights_gib=weight_bytes(target, quantization) / tp / GIB,
         draft_gib=draft_w / GIB,
-        kv_gib=max_num_seqs * max_model_len * kv_tok / GIB,
+        kv_gib=kv_tokens(max_num_seqs, max_model_len, kv_context_per_seq) * kv_tok / GIB,
         overhead_gib=overhead_gib,
         available_gib=gpu_memory_gib * gpu_memory_utilization,
         kv_per_token=kv_tok,

@@ -408,6 +408,7 @@ def _fit(p: Profile, target: CatalogModel, draft: CatalogModel | None) -> memory
         tp=s.tensor_parallel_size,
         max_num_seqs=s.max_num_seqs,
         max_model_len=s.max_model_len,
+        kv_context_per_seq=s.kv_context_per_seq,
         gpu_memory_gib=p.hardware.gpu_memory_gib,
         gpu_memory_utilization=s.gpu_memory_utilization,
         overhead_gib=s.runtime_overhead_gib,
@@ -553,6 +554,11 @@ def _check(
             err("serving.tensor_parallel_size",
                 f"{target.num_attention_heads} attention heads do not split over TP={tp}",
                 "use a TP that divides the head count")
+        per_seq = s.kv_context_per_seq or s.max_model_len
+        if per_seq > s.max_model_len:
+            err("serving.kv_context_per_seq",
+                f"{per_seq} is more than max_model_len ({s.max_model_len}): no sequence is longer",
+                f"set at most {s.max_model_len}, or leave it out to size for max_model_len")
         if not s.chunked_prefill and (s.max_num_batched_tokens or 0) < s.max_model_len:
             err("serving.max_num_batched_tokens",
                 "without chunked prefill a whole prompt must fit one batch",
@@ -561,8 +567,9 @@ def _check(
             fit = _fit(p, target, draft)
             if fit.short_gib > 0:
                 room = fit.available_gib - fit.weights_gib - fit.draft_gib - fit.overhead_gib
-                seqs = int(room * memory.GIB // (s.max_model_len * fit.kv_per_token)) if room > 0 else 0
-                fix = (f"lower serving.max_num_seqs to {seqs} or max_model_len, use "
+                seqs = int(room * memory.GIB // (per_seq * fit.kv_per_token)) if room > 0 else 0
+                fix = (f"lower serving.max_num_seqs to {seqs}, or kv_context_per_seq (sequences "
+                       "beyond it are preempted when the cache is full) or max_model_len, use "
                        "kv_cache_dtype fp8 / FP8 weights, or more tensor parallelism" if seqs
                        else "the weights alone do not fit: use FP8 weights, a smaller model or "
                        "more tensor parallelism")
@@ -570,15 +577,15 @@ def _check(
                     f"{m.target} does not fit one GPU by {fit.short_gib:.1f} GiB: needs "
                     f"{fit.needed_gib:.1f} GiB (weights {fit.weights_gib:.1f} + draft "
                     f"{fit.draft_gib:.1f} + KV {fit.kv_gib:.1f} for {s.max_num_seqs} seqs x "
-                    f"{s.max_model_len} tokens + overhead {fit.overhead_gib:.1f}) of "
+                    f"{per_seq} tokens + overhead {fit.overhead_gib:.1f}) of "
                     f"{fit.available_gib:.1f} GiB ({hw.gpu_memory_gib} GiB x "
                     f"gpu_memory_utilization {s.gpu_memory_utilization})", fix)
         if hw.gpu_count == 0 and s.cpu_kv_cache_gib:
-            need = s.max_num_seqs * s.max_model_len * memory.kv_bytes_per_token(
-                target, m.kv_cache_dtype, 1) / memory.GIB
+            need = memory.kv_tokens(s.max_num_seqs, s.max_model_len, s.kv_context_per_seq) * \
+                memory.kv_bytes_per_token(target, m.kv_cache_dtype, 1) / memory.GIB
             if need > s.cpu_kv_cache_gib:
                 err("serving.max_num_seqs",
-                    f"KV for {s.max_num_seqs} seqs x {s.max_model_len} tokens needs {need:.2f} GiB, "
+                    f"KV for {s.max_num_seqs} seqs x {per_seq} tokens needs {need:.2f} GiB, "
                     f"more than cpu_kv_cache_gib {s.cpu_kv_cache_gib} by {need - s.cpu_kv_cache_gib:.2f}",
                     "lower max_num_seqs or max_model_len, or raise cpu_kv_cache_gib")
     return errs

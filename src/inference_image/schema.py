@@ -163,6 +163,11 @@ class Serving(Strict):
     gpu_memory_utilization: float = Field(0.90, gt=0.1, le=0.98)
     max_num_seqs: int = Field(ge=1, le=4096)
     max_model_len: int = Field(ge=128)
+    kv_context_per_seq: int | None = Field(
+        None, ge=128,
+        description="tokens of KV cache each of max_num_seqs sequences is sized for at once "
+        "(default: max_model_len, so a tier never preempts). Lower admits more short requests: "
+        "when longer ones fill the cache, vLLM preempts and later recomputes some")
     max_num_batched_tokens: int | None = Field(None, ge=128)
     prefix_caching: bool = True
     chunked_prefill: bool = True

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 690f79c14f696e031e82434309c353cffbe2a8aeee531459c5d4d3d9adbe1f9c): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 10bb8139cedb695c1fa24134452a0ab249e79bd1d3a89dde05a035702d334ef6): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "690f79c14f696e031e82434309c353cffbe2a8aeee531459c5d4d3d9adbe1f9c"
+profile_sha256 = "10bb8139cedb695c1fa24134452a0ab249e79bd1d3a89dde05a035702d334ef6"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

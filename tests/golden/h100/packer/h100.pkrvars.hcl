@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 e2072293f7ff6d8981253b93366db8f2e6f0d43b8677c5f8917fc78fa3ccba10): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 875b3bfa2c4616478f694953bfcc2372ccc0a8ed92c45d605f609af88b07d5e1): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "e2072293f7ff6d8981253b93366db8f2e6f0d43b8677c5f8917fc78fa3ccba10"
+profile_sha256 = "875b3bfa2c4616478f694953bfcc2372ccc0a8ed92c45d605f609af88b07d5e1"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 b809bccf550dd512db0c4eebf6befd0f13996372cd1a40af9cb3503a66b26e63): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 de6f74560736f1502ab1fff3364100cb64648573300d7501289651b9ac556046): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "b809bccf550dd512db0c4eebf6befd0f13996372cd1a40af9cb3503a66b26e63"
+profile_sha256 = "de6f74560736f1502ab1fff3364100cb64648573300d7501289651b9ac556046"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 75039e4c6ba46635d2a3794ea7774346285defdaeb985c04b213f48942fee9fb): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 7e49a85a99db1e8ddf148570989145156fdb27a54a8260b11613ed62d453bd50): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "75039e4c6ba46635d2a3794ea7774346285defdaeb985c04b213f48942fee9fb"
+profile_sha256 = "7e49a85a99db1e8ddf148570989145156fdb27a54a8260b11613ed62d453bd50"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

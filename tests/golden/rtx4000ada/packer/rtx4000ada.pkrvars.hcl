@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 8070515f0884437da3d300ed8f2f2108bf0a858b25233779e0030353f76d3a00): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 69826eac8b6aa51b2a88cf2cd739c91b3a21a0610a57ca23b3a3eb7d83600023): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "8070515f0884437da3d300ed8f2f2108bf0a858b25233779e0030353f76d3a00"
+profile_sha256 = "69826eac8b6aa51b2a88cf2cd739c91b3a21a0610a57ca23b3a3eb7d83600023"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
