@@ -449,3 +449,92 @@ def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> Non
     first = str(e.value).splitlines()[0]
     assert first == ("server exited (1) before it was ready: "
                      "ZeroDivisionError: integer division or modulo by zero")
+
+
+STANDIN_VLLM = r'''#!/usr/bin/env python3
+"""Stands in for `python -m vllm.entrypoints.openai.api_server ... --port N` (what the render's
+inference-run execs): /health, /v1/models and completions; each completion's path is appended to
+$STANDIN_LOG."""
+import http.server, json, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def _send(self, code, body):
+        b = json.dumps(body).encode()
+        self.send_response(code); self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "tiny-llama"}]} if self.path == "/v1/models" else {})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path.endswith("/render"):  # what vLLM answers with its scale-out endpoints off
+            return self._send(403, {"error": "forbidden"})
+        with open(os.environ["STANDIN_LOG"], "a") as f:
+            f.write(f"{port} {self.path}\n")
+        self._send(200, {"choices": [{"text": "x", "index": 0}]})
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `served` step starts the render's instance and its vllm-router (the real binary, as the
+    image runs it: inference-run router) and benches both ports on one start, the router's rows on
+    other seeds. Stand-ins: the instance (a Python that serves like vLLM) and bench."""
+    vllm = tmp_path / "python"
+    vllm.write_text(STANDIN_VLLM)
+    vllm.chmod(0o755)
+    requests = tmp_path / "requests.log"
+    requests.touch()
+    monkeypatch.setenv("STANDIN_LOG", str(requests))
+    monkeypatch.setenv("PROOF_ROUTER_BIN", shutil.which("vllm-router",
+                                                        path=str(Path(sys.executable).parent)) or "")
+    inst, internal, metrics = free_port(), free_port(), free_port()
+    benched: list[dict[str, Any]] = []
+
+    def bench_rows(self: proof.Runner, label: str, port: int, model: str, conc: list[int],
+                   r: Any, scenarios: tuple[str, ...] = (), **extra: Any) -> list[dict[str, Any]]:
+        body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 1}).encode()
+        req = proof.urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                           {"Content-Type": "application/json"})
+        with proof.urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+        benched.append({"label": label, "port": port, "seed": extra.get("seed", 0),
+                        "metrics_url": extra.get("metrics_url"), "conc": conc})
+        return [{"concurrency": c, "output_tok_s": 1.0} for c in conc]
+
+    monkeypatch.setattr(proof.Runner, "_bench_rows", bench_rows)
+    step = proof.Step("served", label="served-x", concurrency=(1, 4), sets=(
+        "serving.instances=1", f"serving.base_port={inst}", f"router.internal_port={internal}",
+        f"router.metrics_port={metrics}"))
+    plan = proof.Plan(tier="cpu", steps=[step])
+    runner = proof.Runner(plan=plan, out=tmp_path / "out", work=tmp_path / "work",
+                          model_dir=tmp_path / "model", python=str(vllm))
+    runner.run()
+    res = json.loads((tmp_path / "out" / "proof.json").read_text())
+    assert "failed" not in res, res.get("failed")
+    assert [(b["label"], b["port"], b["seed"]) for b in benched] == [
+        ("served-x-direct", inst, 0), ("served-x", internal, proof.SERVED_SEED)]
+    # both read the instance's counters; the router's rows went to the instance
+    assert {b["metrics_url"] for b in benched} == {f"http://127.0.0.1:{inst}"}
+    assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * 2
+    assert set(res["runs"]) == {"served-x", "served-x-direct"}
+    assert "--policy cache_aware" in res["commands"]["served-x"]["router_argv"]
+    assert {"served-x", "served-x-router"} <= set(res["ready_s"])
+    # everything it started is stopped
+    assert not proof.serving(inst) and not proof.serving(internal)
+
+
+def test_served_step_without_a_router_is_one_line(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROOF_ROUTER_BIN", str(tmp_path / "none"))
+    monkeypatch.setenv("PROOF_SITE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(proof.ProofError, match=r"^no vllm-router to serve through: carry its wheels"):
+        proof.router_bin(str(tmp_path / "python"))
+
+
+def test_the_dev_venvs_router_is_the_images() -> None:
+    pins = (project_root() / "requirements.txt").read_text()
+    assert f"vllm-router=={resolve('cpu').profile.versions.vllm_router}\n" in pins

@@ -48,7 +48,7 @@ from .render import render
 from .schema import CatalogModel, acceptance_problem, unknown_scenario
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
-                   "trace", "choose", "cannot_start", "assemble"]
+                   "served", "trace", "choose", "cannot_start", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
@@ -337,6 +337,29 @@ class Server:
                 except subprocess.TimeoutExpired:
                     continue
         time.sleep(2)  # the engine process lets go of GPU memory after its parent
+
+
+# bench's seed for the rows through the router when the same start was benched at the instance
+# first: bench's seeds are seed + c per row, and 500 + c meets no row of seed 0 (c <= 64)
+SERVED_SEED = 500
+
+
+def router_bin(python: str) -> str:
+    """vllm-router for the `served` step: $PROOF_ROUTER_BIN, else beside `python`, else on PATH."""
+    for cand in (os.environ.get("PROOF_ROUTER_BIN"), str(Path(python).parent / "vllm-router"),
+                 str(Path(os.environ.get("PROOF_SITE", "/tmp/site")) / "bin" / "vllm-router"),
+                 shutil.which("vllm-router")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise ProofError("no vllm-router to serve through: carry its wheels (docs/gpu-machine.md) "
+                     "or set PROOF_ROUTER_BIN")
+
+
+def compiled_into(cache: Path) -> bool:
+    """A compile cache is warm only where a start compiled into it: a start that failed early
+    leaves the folder empty (run 12 called a compiling start warm that way)."""
+    compiled = cache / "vllm" / "torch_compile_cache"
+    return compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
 
 
 def start(argv: list[str], env: dict[str, str], log: Path, port: int) -> Server:
@@ -733,10 +756,7 @@ class Runner:
 
     def _serve(self, label: str, argv: list[str], env: dict[str, str], port: int, model: str,
                step: Step, r: Resolved | None, cache: Path) -> None:
-        # warm only where a start compiled into it: a start that failed early leaves the folder
-        # empty (run 12 called a compiling start warm that way)
-        compiled = cache / "vllm" / "torch_compile_cache"
-        warm = compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
+        warm = compiled_into(cache)
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
         srv = start(argv, env, log, port)
@@ -903,6 +923,59 @@ class Runner:
             raise ProofError(str(exc)) from None
         finally:
             for srv in servers:
+                srv.stop()
+            self.results.setdefault("backends", {})[label] = backends(
+                self.work / "logs" / f"{label}-{r.instances[0].name}.log")
+
+    def step_served(self, step: Step) -> None:
+        """The tier as its clients reach it behind nginx: every instance of the render and, in
+        front, the render's own vllm-router (`inference-run router`: its policy and health checks
+        as the image starts them), benched through the router (`<label>`) and, on a one-instance
+        tier, at the instance too on the same start (`<label>-direct`, first; the router's rows
+        on prompts of other seeds, so that neither finds the other's in the prefix cache): what
+        the router costs a request. nginx (TLS, the API key) is left out: the GPU machine has
+        none. The router binary: $PROOF_ROUTER_BIN, else `vllm-router` beside this Python or on
+        PATH (carried as wheels, docs/gpu-machine.md)."""
+        label = step.name()
+        router = router_bin(self.python)
+        r, runners, env, cache = self._rendered(step)
+        model = r.profile.model.target
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        servers: list[Server] = []
+        conc = tuple(step.concurrency or self.plan.concurrency)
+        cached = "warm" if compiled_into(cache) else "cold"
+        try:
+            for inst in r.instances:
+                srv = start(runners[inst.name], env,
+                            self.work / "logs" / f"{label}-{inst.name}.log", inst.port)
+                servers.append(srv)
+                self.results.setdefault("ready_s", {})[f"{label}-{inst.name}" if len(
+                    r.instances) > 1 else label] = {"s": srv.wait_ready(), "compile_cache": (
+                        "shared" if servers[:-1] else cached)}
+            rdir = Path(env["INFERENCE_ROOT"])
+            rport = r.profile.router.internal_port
+            # the instances' extra arguments (--load-format dummy) are not the router's
+            renv = {**env, "ROUTER_BIN": router, "INFERENCE_EXTRA_ARGS": ""}
+            runner = [str(rdir / "usr/local/bin/inference-run"), "router"]
+            srv = start(runner, renv, self.work / "logs" / f"{label}-router.log", rport)
+            servers.append(srv)
+            self.results.setdefault("ready_s", {})[f"{label}-router"] = {"s": srv.wait_ready(120)}
+            dry = subprocess.run(runner, env={**os.environ, **renv, "INFERENCE_DRY_RUN": "1"},
+                                 capture_output=True, text=True, check=False)
+            self.results["commands"][label]["router_argv"] = dry.stdout.strip()
+            one = r.instances[0].port if len(r.instances) == 1 else None
+            metrics = f"http://127.0.0.1:{one}" if one else None
+            runs = self.results.setdefault("runs", {})
+            if one:
+                runs[f"{label}-direct"] = self._bench_rows(
+                    f"{label}-direct", one, model, list(conc), r, step.scenarios,
+                    metrics_url=metrics)
+            runs[label] = self._bench_rows(label, rport, model, list(conc), r, step.scenarios,
+                                           metrics_url=metrics, seed=SERVED_SEED)
+        except bench.BenchError as exc:
+            raise ProofError(str(exc)) from None
+        finally:
+            for srv in reversed(servers):
                 srv.stop()
             self.results.setdefault("backends", {})[label] = backends(
                 self.work / "logs" / f"{label}-{r.instances[0].name}.log")
