@@ -520,7 +520,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     assert {b["metrics_url"] for b in benched} == {f"http://127.0.0.1:{inst}"}
     assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * 2
     assert set(res["runs"]) == {"served-x", "served-x-direct"}
-    assert "--policy cache_aware" in res["commands"]["served-x"]["router_argv"]
+    assert "--policy round_robin" in res["commands"]["served-x"]["router_argv"]  # auto, one instance
     assert {"served-x", "served-x-router"} <= set(res["ready_s"])
     # everything it started is stopped
     assert not proof.serving(inst) and not proof.serving(internal)

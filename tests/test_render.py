@@ -287,3 +287,17 @@ def test_a_notify_unit_is_ready_when_its_health_answers_not_when_it_starts(tmp_p
         sock.close()
     assert msg.splitlines() == ["READY=1", f"STATUS=serving on port {port}"]
     assert waited >= 1.5, f"READY=1 after {waited:.2f} s, before the server answered"
+
+
+@pytest.mark.parametrize(("tier", "sets", "local", "fleet"), [
+    ("h100", [], "round_robin", "cache_aware"),  # one instance: nothing to choose
+    ("cpu", [], "cache_aware", "cache_aware"),  # two instances
+    ("h100x8", [], "cache_aware", "cache_aware"),
+    ("h100", ["router.policy=cache_aware"], "cache_aware", "cache_aware"),  # as the profile says
+    ("cpu", ["router.policy=power_of_two"], "power_of_two", "power_of_two"),
+])
+def test_the_routers_policy_is_cache_aware_only_where_it_has_a_choice(tier, sets, local, fleet):
+    r = resolve(tier, ROOT / "profiles", overrides=sets)
+    for argv, want in ((render_mod.router_argv(r), local),
+                       (render_mod.router_argv(r, fleet=True), fleet)):
+        assert argv[argv.index("--policy") + 1] == want, argv

@@ -197,8 +197,11 @@ class Router(Strict):
                                 description="address nginx listens on (IPv4 or IPv6)")
     internal_port: Port = Field(8001, description="vllm-router's own port, on 127.0.0.1 behind nginx")
     policy: Literal[
-        "cache_aware", "round_robin", "power_of_two", "random", "consistent_hash"
-    ] = "cache_aware"
+        "auto", "cache_aware", "round_robin", "power_of_two", "random", "consistent_hash"
+    ] = Field("auto", description="vllm-router's policy. auto: cache_aware where it chooses among "
+              "several instances (or a fleet's workers), round_robin in front of one instance, "
+              "where cache_aware has nothing to choose and still asks the instance to tokenize "
+              "every prompt first (docs/decisions.md)")
     metrics_port: Port = 29000
     health_check_interval_secs: int = Field(5, ge=1)
     tls: Literal["self-signed", "off"] = Field(

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 10bb8139cedb695c1fa24134452a0ab249e79bd1d3a89dde05a035702d334ef6): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 b92ec37ef764ffd529b6dc8e4efe880fe13899be86e78764f2719c73bb02a5f8): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "10bb8139cedb695c1fa24134452a0ab249e79bd1d3a89dde05a035702d334ef6"
+profile_sha256 = "b92ec37ef764ffd529b6dc8e4efe880fe13899be86e78764f2719c73bb02a5f8"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 875b3bfa2c4616478f694953bfcc2372ccc0a8ed92c45d605f609af88b07d5e1): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 30dd8f52c14dcba5977e3cf65ddecd1bee9769eb59c98135b49e66ff3819e16a): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "875b3bfa2c4616478f694953bfcc2372ccc0a8ed92c45d605f609af88b07d5e1"
+profile_sha256 = "30dd8f52c14dcba5977e3cf65ddecd1bee9769eb59c98135b49e66ff3819e16a"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 7e49a85a99db1e8ddf148570989145156fdb27a54a8260b11613ed62d453bd50): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 571970fb6cdd7a8f3984a850823fa6808b3daa105ce4569df1bc64fc8d3928b2): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "7e49a85a99db1e8ddf148570989145156fdb27a54a8260b11613ed62d453bd50"
+profile_sha256 = "571970fb6cdd7a8f3984a850823fa6808b3daa105ce4569df1bc64fc8d3928b2"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 49c004f95e43c4678e2f0ce4af82e88405a5e22037d7df234afe0483393d9e07): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 c92325cfa2e939e6e7bdc934da80385b982440e5886ab18eac1b8cda989cba4c): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "49c004f95e43c4678e2f0ce4af82e88405a5e22037d7df234afe0483393d9e07"
+profile_sha256 = "c92325cfa2e939e6e7bdc934da80385b982440e5886ab18eac1b8cda989cba4c"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

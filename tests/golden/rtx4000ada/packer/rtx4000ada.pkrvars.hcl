@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 69826eac8b6aa51b2a88cf2cd739c91b3a21a0610a57ca23b3a3eb7d83600023): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 67efe815bb932c6779db9c9a389217c71ee12587e2d62025bd776c6859baac88): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "69826eac8b6aa51b2a88cf2cd739c91b3a21a0610a57ca23b3a3eb7d83600023"
+profile_sha256 = "67efe815bb932c6779db9c9a389217c71ee12587e2d62025bd776c6859baac88"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

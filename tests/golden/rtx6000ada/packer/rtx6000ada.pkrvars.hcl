@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 66fcdb889c7cb4fae3f0eb383190eba0eb107534d22cecee8ca97a58992694b0): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 c0de4c44b0d8b188539103a01bd2b7e712788553904e31439e224e623a9ceb49): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "66fcdb889c7cb4fae3f0eb383190eba0eb107534d22cecee8ca97a58992694b0"
+profile_sha256 = "c0de4c44b0d8b188539103a01bd2b7e712788553904e31439e224e623a9ceb49"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
