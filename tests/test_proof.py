@@ -83,6 +83,8 @@ def test_plan_round_trips_and_names_as_imaged_configs(tmp_path: Path,
                      "as-imaged-L1", "as-imaged-L4", "assemble"]
     assert plan.steps[4].sets == proof.NO_DRAFT
     assert plan.steps[5].acceptance_rates == (0.74, 0.54, 0.41)
+    # the documented acceptance is measured as clients reach it: through the render's router
+    assert [s.kind for s in plan.steps[4:8]] == ["profile", "served", "profile", "profile"]
     assert plan.steps[5].concurrency == () and plan.steps[6].concurrency == (1, 4, 16, 64)
     assert proof.Plan.from_json(plan.to_json()) == plan
     assert cli.main(["proof", "plan", "--acceptance-lengths", "2.5", "--write", str(f)]) == 0
@@ -502,7 +504,8 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
             assert resp.status == 200
         benched.append({"label": label, "port": port, "seed": extra.get("seed", 0),
                         "metrics_url": extra.get("metrics_url"), "conc": conc})
-        return [{"concurrency": c, "output_tok_s": 1.0} for c in conc]
+        return [{"concurrency": c, "output_tok_s": 1.0, "ttft_ms_mean": 1.0, "ttft_ms_p99": 1.0,
+                 "tpot_ms_mean": 1.0} for c in conc]
 
     monkeypatch.setattr(proof.Runner, "_bench_rows", bench_rows)
     step = proof.Step("served", label="served-x", concurrency=(1, 4), sets=(
@@ -522,6 +525,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     assert set(res["runs"]) == {"served-x", "served-x-direct"}
     assert "--policy round_robin" in res["commands"]["served-x"]["router_argv"]  # auto, one instance
     assert {"served-x", "served-x-router"} <= set(res["ready_s"])
+    assert "ready served-x-router: " in proof.assemble(res, resolve("cpu"))
     # everything it started is stopped
     assert not proof.serving(inst) and not proof.serving(internal)
 

@@ -187,7 +187,8 @@ def mean_length(rates: tuple[float, ...]) -> float:
 def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int, ...],
                   short: tuple[int, ...]) -> Plan:
     """vanilla, then the profile as imaged: without its draft, at the draft's published acceptance
-    (every concurrency), and at each of `lengths` (`short` concurrencies; default: 1.0, where no
+    (every concurrency; a one-instance tier through its router as well as at the instance: the
+    `served` step), and at each of `lengths` (`short` concurrencies; default: 1.0, where no
     draft token is accepted, and k+1, where every one is); or once where the tier does not speculate.
     Vanilla is `vllm serve` on the tier's GPUs: bf16, or `--quantization fp8` (the plain FP8 a
     user would try first) where bf16 weights do not fit them; tensor parallel over all of them."""
@@ -211,7 +212,10 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
         if published:
             length, rates = published_acceptance(r)
             mean = length or mean_length(rates)
-            steps.append(Step(kind, label=f"as-imaged-L{mean:g}", acceptance_rates=rates,
+            # the documented acceptance as clients get it: through the machine's router (the
+            # instance alone too, same start: `-direct`)
+            steps.append(Step("served" if kind == "profile" else kind,
+                              label=f"as-imaged-L{mean:g}", acceptance_rates=rates,
                               acceptance_length=length))
         for i, other in enumerate(lengths if lengths is not None else [1.0, k + 1.0]):
             # every concurrency for the documented acceptance: the published one, else the first
@@ -959,7 +963,8 @@ class Runner:
             runner = [str(rdir / "usr/local/bin/inference-run"), "router"]
             srv = start(runner, renv, self.work / "logs" / f"{label}-router.log", rport)
             servers.append(srv)
-            self.results.setdefault("ready_s", {})[f"{label}-router"] = {"s": srv.wait_ready(120)}
+            self.results.setdefault("ready_s", {})[f"{label}-router"] = {
+                "s": srv.wait_ready(120), "compile_cache": "none"}
             dry = subprocess.run(runner, env={**os.environ, **renv, "INFERENCE_DRY_RUN": "1"},
                                  capture_output=True, text=True, check=False)
             self.results["commands"][label]["router_argv"] = dry.stdout.strip()
