@@ -517,15 +517,20 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     runner.run()
     res = json.loads((tmp_path / "out" / "proof.json").read_text())
     assert "failed" not in res, res.get("failed")
-    assert [(b["label"], b["port"], b["seed"]) for b in benched] == [
-        ("served-x-direct", inst, 0), ("served-x", internal, proof.SERVED_SEED)]
+    # first a row the server answers before the measured ones (kept apart), then the instance's
+    # rows, then the router's on other seeds
+    assert [(b["label"], b["port"], b["seed"], b["conc"]) for b in benched] == [
+        ("served-x-after-start", internal, proof.SETTLE_SEED, [proof.SETTLE_CONCURRENCY]),
+        ("served-x-direct", inst, 0, [1, 4]), ("served-x", internal, proof.SERVED_SEED, [1, 4])]
+    assert res["after_start"]["served-x"]["concurrency"] == proof.SETTLE_CONCURRENCY
     # both read the instance's counters; the router's rows went to the instance
-    assert {b["metrics_url"] for b in benched} == {f"http://127.0.0.1:{inst}"}
-    assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * 2
+    assert {b["metrics_url"] for b in benched[1:]} == {f"http://127.0.0.1:{inst}"}
+    assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * 3
     assert set(res["runs"]) == {"served-x", "served-x-direct"}
     assert "--policy round_robin" in res["commands"]["served-x"]["router_argv"]  # auto, one instance
     assert {"served-x", "served-x-router"} <= set(res["ready_s"])
-    assert "ready served-x-router: " in proof.assemble(res, resolve("cpu"))
+    table = proof.assemble(res, resolve("cpu"))
+    assert "ready served-x-router: " in table and "after start served-x: c=4 " in table
     # everything it started is stopped
     assert not proof.serving(inst) and not proof.serving(internal)
 

@@ -346,6 +346,9 @@ class Server:
 # bench's seed for the rows through the router when the same start was benched at the instance
 # first: bench's seeds are seed + c per row, and 500 + c meets no row of seed 0 (c <= 64)
 SERVED_SEED = 500
+# the row a server answers first, before the measured ones (Runner._settle): 700 + c meets no
+# measured row's seed (seed + c, c <= 64; 500 + c; scenarios from 1000)
+SETTLE_SEED, SETTLE_CONCURRENCY = 700, 4
 
 
 def router_bin(python: str) -> str:
@@ -772,6 +775,7 @@ class Runner:
                   flush=True)
             self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
                                                                   model)
+            self._settle(label, port, model, r)
             self._bench(label, port, model, step.concurrency, r, step.scenarios)
             if step.prompt_tokens:
                 probe = first_token_probes(f"http://127.0.0.1:{port}", model, step.prompt_tokens,
@@ -785,6 +789,16 @@ class Runner:
         finally:
             srv.stop()
             self.results.setdefault("backends", {})[label] = backends(log)
+
+    def _settle(self, label: str, port: int, model: str, r: Resolved | None) -> None:
+        """A server's first requests after its start are slower than the rest, the image's more
+        than vanilla's (run 19: c=1 first gave the image +7.4 ms TTFT over vanilla, c=1 after c=4
+        +1.7), and every row list starts at c=1. So before its rows each server answers one chat
+        row at c=4 on prompts of their own; its figures are kept apart (`after_start`): what the
+        first clients after a boot see."""
+        rows = self._bench_rows(f"{label}-after-start", port, model, [SETTLE_CONCURRENCY], r,
+                                ("chat",), seed=SETTLE_SEED)
+        self.results.setdefault("after_start", {})[label] = rows[0]
 
     def _cache_env(self, cache: Path) -> dict[str, str]:
         return {"VLLM_CACHE_ROOT": f"{cache}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
@@ -914,6 +928,8 @@ class Runner:
                     "s": srv.wait_ready(), "compile_cache": "shared"}
             rows = []
             model = r.profile.model.target
+            for inst in r.instances:
+                self._settle(f"{label}-{inst.name}", inst.port, model, r)
             with ThreadPoolExecutor(n) as pool:
                 for sc in step.scenarios or ("chat",):
                     for c in conc:
@@ -970,6 +986,7 @@ class Runner:
             self.results["commands"][label]["router_argv"] = dry.stdout.strip()
             one = r.instances[0].port if len(r.instances) == 1 else None
             metrics = f"http://127.0.0.1:{one}" if one else None
+            self._settle(label, rport, model, r)
             runs = self.results.setdefault("runs", {})
             if one:
                 runs[f"{label}-direct"] = self._bench_rows(
@@ -1157,6 +1174,9 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             same = sum(a["text"] == b["text"] for a, b in zip(base, g, strict=False))
             res.setdefault("greedy_vs_draft_off", {})[cfg] = f"{same} of {len(g)} identical"
             lines.append(f"greedy {cfg} vs draft-off: {same} of {len(g)} identical")
+    for cfg, x in res.get("after_start", {}).items():
+        lines.append(f"after start {cfg}: c={x['concurrency']} {x['output_tok_s']:.1f} tok/s, TTFT "
+                     f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
     for cfg, s in res.get("ready_s", {}).items():
         lines.append(f"ready {cfg}: {s['s']} s ({s['compile_cache']} compile cache)")
     for cfg, why in res.get("failed", {}).items():
