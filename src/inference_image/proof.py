@@ -362,6 +362,12 @@ def router_bin(python: str) -> str:
                      "or set PROOF_ROUTER_BIN")
 
 
+def dry_run(runner: list[str], env: dict[str, str]) -> str:
+    """The command line a render's `inference-run UNIT` would exec (INFERENCE_DRY_RUN)."""
+    return subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
+                          capture_output=True, text=True, check=False).stdout.strip()
+
+
 def compiled_into(cache: Path) -> bool:
     """A compile cache is warm only where a start compiled into it: a start that failed early
     leaves the folder empty (run 12 called a compiling start warm that way)."""
@@ -883,11 +889,7 @@ class Runner:
                **self._cache_env(cache)}
         runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
                    for i in r.instances}
-        argv = {}
-        for name, runner in runners.items():
-            dry = subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
-                                 capture_output=True, text=True, check=False)
-            argv[name] = dry.stdout.strip()
+        argv = {name: dry_run(runner, env) for name, runner in runners.items()}
         self.results.setdefault("commands", {})[label] = {
             "sets": list(step.sets), "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
@@ -904,28 +906,37 @@ class Runner:
         inst = r.instances[0]
         return r, runners[inst.name], env, inst.port, cache
 
+    def _start_instances(self, label: str, r: Resolved, runners: dict[str, list[str]],
+                         env: dict[str, str], cache: Path, servers: list[Server]) -> None:
+        """Every instance of the render, one after the other (the later ones on the first's
+        compile cache), each added to `servers` as it starts so that the caller stops it whatever
+        fails next; ready times under `label` (several instances: `label-vllm-N`)."""
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        cached = "warm" if compiled_into(cache) else "cold"
+        for inst in r.instances:
+            srv = start(runners[inst.name], env, self.work / "logs" / f"{label}-{inst.name}.log",
+                        inst.port)
+            servers.append(srv)
+            key = f"{label}-{inst.name}" if len(r.instances) > 1 else label
+            self.results.setdefault("ready_s", {})[key] = {
+                "s": srv.wait_ready(), "compile_cache": "shared" if servers[:-1] else cached}
+
     def step_layout(self, step: Step) -> None:
         """Every instance of the render started, one after the other (the later ones on the
         first's compile cache), and the load spread evenly over them: at each concurrency c every
         instance is benched at c/N at the same time and the rows are summed (tok/s) or averaged
         by request (latencies; p99: the worst instance's). What a multi-instance tier serves
-        behind its router, with the clients standing in for the router's round robin: vllm-router
-        is not in the GPU machine's wheelhouse."""
+        behind its router, with the clients standing in for the router's round robin (`served`
+        benches through the render's own router)."""
         label = step.name()
-        r, runners, env, _ = self._rendered(step)
+        r, runners, env, cache = self._rendered(step)
         n = len(r.instances)
         conc = [c for c in (step.concurrency or self.plan.concurrency) if c % n == 0]
         if not conc:
             raise ProofError(f"{label}: no concurrency divides over {n} instances")
-        (self.work / "logs").mkdir(parents=True, exist_ok=True)
         servers: list[Server] = []
         try:
-            for inst in r.instances:
-                srv = start(runners[inst.name], env, self.work / "logs" / f"{label}-{inst.name}.log",
-                            inst.port)
-                servers.append(srv)
-                self.results.setdefault("ready_s", {})[f"{label}-{inst.name}"] = {
-                    "s": srv.wait_ready(), "compile_cache": "shared"}
+            self._start_instances(label, r, runners, env, cache, servers)
             rows = []
             model = r.profile.model.target
             for inst in r.instances:
@@ -960,18 +971,10 @@ class Runner:
         router = router_bin(self.python)
         r, runners, env, cache = self._rendered(step)
         model = r.profile.model.target
-        (self.work / "logs").mkdir(parents=True, exist_ok=True)
         servers: list[Server] = []
-        conc = tuple(step.concurrency or self.plan.concurrency)
-        cached = "warm" if compiled_into(cache) else "cold"
+        conc = list(step.concurrency or self.plan.concurrency)
         try:
-            for inst in r.instances:
-                srv = start(runners[inst.name], env,
-                            self.work / "logs" / f"{label}-{inst.name}.log", inst.port)
-                servers.append(srv)
-                self.results.setdefault("ready_s", {})[f"{label}-{inst.name}" if len(
-                    r.instances) > 1 else label] = {"s": srv.wait_ready(), "compile_cache": (
-                        "shared" if servers[:-1] else cached)}
+            self._start_instances(label, r, runners, env, cache, servers)
             rdir = Path(env["INFERENCE_ROOT"])
             rport = r.profile.router.internal_port
             # the instances' extra arguments (--load-format dummy) are not the router's
@@ -981,18 +984,16 @@ class Runner:
             servers.append(srv)
             self.results.setdefault("ready_s", {})[f"{label}-router"] = {
                 "s": srv.wait_ready(120), "compile_cache": "none"}
-            dry = subprocess.run(runner, env={**os.environ, **renv, "INFERENCE_DRY_RUN": "1"},
-                                 capture_output=True, text=True, check=False)
-            self.results["commands"][label]["router_argv"] = dry.stdout.strip()
+            self.results["commands"][label]["router_argv"] = dry_run(runner, renv)
             one = r.instances[0].port if len(r.instances) == 1 else None
             metrics = f"http://127.0.0.1:{one}" if one else None
             self._settle(label, rport, model, r)
             runs = self.results.setdefault("runs", {})
             if one:
                 runs[f"{label}-direct"] = self._bench_rows(
-                    f"{label}-direct", one, model, list(conc), r, step.scenarios,
+                    f"{label}-direct", one, model, conc, r, step.scenarios,
                     metrics_url=metrics)
-            runs[label] = self._bench_rows(label, rport, model, list(conc), r, step.scenarios,
+            runs[label] = self._bench_rows(label, rport, model, conc, r, step.scenarios,
                                            metrics_url=metrics, seed=SERVED_SEED)
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
