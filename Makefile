@@ -57,7 +57,7 @@ MOLECULE_CPU := cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=
 
 molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12 systemd container (cpu tier)
 	mkdir -p build/molecule && rm -f build/molecule/*.xml
-	$(MOLECULE_CPU) test || { echo "make molecule: failed; the tests that failed:" >&2; \
+	($(MOLECULE_CPU) test) || { echo "make molecule: failed; the tests that failed:" >&2; \
 	  $(BIN)/python scripts/junit-failures build/molecule/*.xml >&2; exit 1; }
 
 MINUTES ?= 10
