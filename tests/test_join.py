@@ -76,12 +76,13 @@ def test_the_role_is_read_in_one_place_and_a_bad_file_serves_alone(
 def test_an_unknown_option_is_refused(machine: Path, args: tuple[str, ...]) -> None:
     r = join(machine, WORKER, *args)
     assert r.returncode == 2, r.stderr
-    assert "usage: inference-join [--role | --serves-instances | --leave PORT]" in r.stderr
+    assert "usage: inference-join [--role | --serves-instances | --group | --open-group | --leave PORT]" \
+        in r.stderr
 
 
 @pytest.mark.parametrize(("fleet", "why"), [
     ("{not json", "not a JSON object"),
-    ({"fleet": "f", "role": "boss"}, "'role' is 'boss': write worker or router"),
+    ({"fleet": "f", "role": "boss"}, "'role' is 'boss': write worker, router, head or node"),
     ({"role": "worker", "router": "http://10.0.0.2:8001; reboot", "instance_ports": [8100]},
      "'router' is 'http://10.0.0.2:8001; reboot': write http://ROUTER_PRIVATE_IPV4:PORT"),
     ({"role": "worker", "router": "<the router's private IPv4, once it exists>",

@@ -40,6 +40,9 @@ OWNED_FLAGS = {
     "--compilation-config": "serving.cudagraph_capture_size", "-cc": "serving.cudagraph_capture_size",
     "--linear-backend": "serving.linear_backend", "--speculative-config": "model.speculative",
     "--api-key": "", "--uds": "",
+    "--pipeline-parallel-size": "serving.nodes", "-pp": "serving.nodes", "--nnodes": "serving.nodes",
+    "--node-rank": "", "--master-addr": "", "--headless": "", "--master-port": "serving.node_port",
+    "--distributed-executor-backend": "serving.nodes",
 }
 
 
@@ -409,6 +412,7 @@ def _fit(p: Profile, target: CatalogModel, draft: CatalogModel | None) -> memory
         max_num_seqs=s.max_num_seqs,
         max_model_len=s.max_model_len,
         kv_context_per_seq=s.kv_context_per_seq,
+        pp=s.nodes,
         gpu_memory_gib=p.hardware.gpu_memory_gib,
         gpu_memory_utilization=s.gpu_memory_utilization,
         overhead_gib=s.runtime_overhead_gib,
@@ -495,6 +499,17 @@ def _check(
         err("model.quantization", f"{m.target} has no fp8_hub_id in {catalog_file}",
             "use quantization: fp8 (online) or add the FP8 checkpoint to the catalog")
 
+    if s.nodes > 1:
+        if s.instances != 1:
+            err("serving.nodes", f"{s.instances} instances, but an instance over {s.nodes} nodes "
+                "is the one model those machines serve", "set serving.instances: 1")
+        if spec.method != "none":
+            err("serving.nodes", f"speculative decoding ({spec.method}) across nodes is not proven "
+                "by this project (no multi-node run of it)",
+                "set model.speculative.method: none, or serving.nodes: 1")
+        if target and target.num_layers < s.nodes:
+            err("serving.nodes", f"{m.target} has {target.num_layers} layers, fewer than "
+                f"{s.nodes} pipeline stages", f"set at most {target.num_layers}")
     if s.gpu_ids is not None:
         if len(s.gpu_ids) != s.instances:
             err("serving.gpu_ids", f"{len(s.gpu_ids)} entries for {s.instances} instances",
@@ -535,6 +550,8 @@ def _check(
     named = [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
     named += [("router.port", p.router.port), ("router.internal_port", p.router.internal_port),
               ("router.metrics_port", p.router.metrics_port)]
+    if s.nodes > 1:
+        named.append(("serving.node_port", s.node_port))
     for what, port in named:
         if port in ports:
             fld = "serving.ports" if what.startswith("serving") and s.ports else (
@@ -570,11 +587,13 @@ def _check(
                 seqs = int(room * memory.GIB // (per_seq * fit.kv_per_token)) if room > 0 else 0
                 fix = (f"lower serving.max_num_seqs to {seqs}, or kv_context_per_seq (sequences "
                        "beyond it are preempted when the cache is full) or max_model_len, use "
-                       "kv_cache_dtype fp8 / FP8 weights, or more tensor parallelism" if seqs
-                       else "the weights alone do not fit: use FP8 weights, a smaller model or "
-                       "more tensor parallelism")
+                       "kv_cache_dtype fp8 / FP8 weights, or more tensor parallelism or nodes" if seqs
+                       else "the weights alone do not fit: use FP8 weights, a smaller model, "
+                       "more tensor parallelism, or more nodes (serving.nodes)")
                 err("serving.max_num_seqs",
-                    f"{m.target} does not fit one GPU by {fit.short_gib:.1f} GiB: needs "
+                    f"{m.target} does not fit one GPU by {fit.short_gib:.1f} GiB"
+                    + (f" (one of {s.nodes} nodes' pipeline stages)" if s.nodes > 1 else "")
+                    + f": needs "
                     f"{fit.needed_gib:.1f} GiB (weights {fit.weights_gib:.1f} + draft "
                     f"{fit.draft_gib:.1f} + KV {fit.kv_gib:.1f} for {s.max_num_seqs} seqs x "
                     f"{per_seq} tokens + overhead {fit.overhead_gib:.1f}) of "

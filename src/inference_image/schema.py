@@ -158,6 +158,13 @@ class Serving(Strict):
     gpu_ids: list[list[int]] | None = Field(
         None, description="GPU ids per instance; default: consecutive blocks of TP GPUs"
     )
+    nodes: int = Field(
+        1, ge=1, le=16,
+        description="machines one instance spans (a model bigger than a droplet): one pipeline "
+        "stage a machine, tensor parallel over its GPUs, on vLLM's own multi-node executor; "
+        "each machine's fleet file says whether it is the head or which node")
+    node_port: Port = Field(29501, description="the head's port for the nodes' rendezvous "
+                            "(torch.distributed); nodes > 1 only")
     ports: list[Port] | None = Field(None, description="default: base_port + instance index")
     base_port: Port = 8100
     gpu_memory_utilization: float = Field(0.90, gt=0.1, le=0.98)

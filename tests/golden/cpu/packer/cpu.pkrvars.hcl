@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 b92ec37ef764ffd529b6dc8e4efe880fe13899be86e78764f2719c73bb02a5f8): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 3570ad3a58b4fa9e655e4837f1c2b15f14857967d70fad35b1fe4d9d3d4f40bb): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "b92ec37ef764ffd529b6dc8e4efe880fe13899be86e78764f2719c73bb02a5f8"
+profile_sha256 = "3570ad3a58b4fa9e655e4837f1c2b15f14857967d70fad35b1fe4d9d3d4f40bb"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 30dd8f52c14dcba5977e3cf65ddecd1bee9769eb59c98135b49e66ff3819e16a): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 6a591bb480b79c3e1733c493d8f29b6ad4baea26c7e6b815e1db31fcefbb3889): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "30dd8f52c14dcba5977e3cf65ddecd1bee9769eb59c98135b49e66ff3819e16a"
+profile_sha256 = "6a591bb480b79c3e1733c493d8f29b6ad4baea26c7e6b815e1db31fcefbb3889"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 2a336d6af366f966ef1ad7353391ccc9f17db5cb770105bc10f5a0cc3aba7099): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 07ac59146d5af665b52add98583bebb7e702b5593675763bf189d991ab6aeb54): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "2a336d6af366f966ef1ad7353391ccc9f17db5cb770105bc10f5a0cc3aba7099"
+profile_sha256 = "07ac59146d5af665b52add98583bebb7e702b5593675763bf189d991ab6aeb54"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 571970fb6cdd7a8f3984a850823fa6808b3daa105ce4569df1bc64fc8d3928b2): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 c79e407201598a3079e9de6835b239a21fd2368bbc26e038e8c7b0419909ea21): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "571970fb6cdd7a8f3984a850823fa6808b3daa105ce4569df1bc64fc8d3928b2"
+profile_sha256 = "c79e407201598a3079e9de6835b239a21fd2368bbc26e038e8c7b0419909ea21"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 c92325cfa2e939e6e7bdc934da80385b982440e5886ab18eac1b8cda989cba4c): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 e9d913ee1c00c389c78430b166c500f21805907aa01b2c8614dad517c37d4f51): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "c92325cfa2e939e6e7bdc934da80385b982440e5886ab18eac1b8cda989cba4c"
+profile_sha256 = "e9d913ee1c00c389c78430b166c500f21805907aa01b2c8614dad517c37d4f51"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

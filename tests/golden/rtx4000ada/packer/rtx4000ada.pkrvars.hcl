@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 67efe815bb932c6779db9c9a389217c71ee12587e2d62025bd776c6859baac88): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 823a2bd63313b233e1eea3d1ddc1d3068280c8c72236614527b6512b2b022435): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "67efe815bb932c6779db9c9a389217c71ee12587e2d62025bd776c6859baac88"
+profile_sha256 = "823a2bd63313b233e1eea3d1ddc1d3068280c8c72236614527b6512b2b022435"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
