@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit molecule soak soak-host fleet-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit molecule soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate e2e clean
 
 help: ## this list
@@ -67,6 +67,13 @@ soak: molecule-inputs ## MINUTES (10) of load at the cpu tier's target concurren
 	rc=0; $(BIN)/inference-image soak --host podman://inference-image-cpu --profile cpu --minutes $(MINUTES) \
 	  --out build/soak/cpu.json || rc=$$?; $(MOLECULE_CPU) destroy; exit $$rc
 
+multinode-proof: molecule-inputs ## one instance over a head and a node of the cpu image under load: each side's vLLM killed; not in CI
+	$(BIN)/inference-image render --profile cpu-2node --out build/cpu-2node
+	mkdir -p build/molecule build/multinode-proof
+	$(subst build/cpu,build/cpu-2node,$(MOLECULE_CPU)) converge
+	rc=0; $(BIN)/python scripts/multinode-proof --from inference-image-cpu --render build/cpu-2node \
+	  --out build/multinode-proof/cpu.json || rc=$$?; $(MOLECULE_CPU) destroy; exit $$rc
+
 fleet-proof: molecule-inputs ## a router and two workers of the cpu image under load: a worker stopped and started, a third added; not in CI
 	mkdir -p build/molecule build/fleet-proof
 	$(MOLECULE_CPU) converge
@@ -77,7 +84,7 @@ soak-host: setup ## MINUTES of load on HOST=host[:port] built as GPU=<tier> (its
 	$(BIN)/inference-image soak --host $(HOST) --profile $(GPU) --minutes $(MINUTES) --out build/soak/$(GPU).json
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
-	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/junit-failures
+	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/multinode-proof scripts/junit-failures
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \

@@ -21,14 +21,16 @@ def test_profiles_table():
     lines = r.stdout.splitlines()
     assert lines[0].split()[:3] == ["TIER", "GPU", "GPUS"]
     rows = {ln.split()[0]: ln for ln in lines[2:]}
-    assert set(rows) == {"cpu", "h100", "h100x8", "h200", "l40s", "rtx4000ada", "rtx6000ada"}
+    assert set(rows) == {"cpu", "cpu-2node", "h100", "h100x8", "h200", "l40s", "rtx4000ada",
+                         "rtx6000ada"}
+    assert rows["cpu-2node"].rstrip().endswith("1 x 1 on 2 nodes")
     assert "gpu-h100x8-640gb" in rows["h100x8"] and rows["h100x8"].rstrip().endswith("4 x 2")
     assert " yes  yes " in rows["h200"] and " no   yes " in rows["l40s"]
 
 
 def test_validate_all_ok():
     r = cli("validate", "--all")
-    assert r.returncode == 0 and r.stdout.count("ok  ") == 7
+    assert r.returncode == 0 and r.stdout.count("ok  ") == 8
 
 
 def test_validate_bad_profile_exits_1_with_one_line_per_error(pdir):
@@ -90,4 +92,5 @@ def test_readme_tiers_table_matches_the_profiles():
         shown = {"eagle3": "eagle-3", "draft_model": "draft"}.get(method, method)
         assert spec.lower().startswith(shown), tier
         p = r.profile.serving
-        assert layout == f"{p.instances} x {p.tensor_parallel_size}", tier
+        nodes = f" on {p.nodes} nodes" if p.nodes > 1 else ""
+        assert layout == f"{p.instances} x {p.tensor_parallel_size}{nodes}", tier

@@ -27,6 +27,7 @@ from inference_image.profiles import ProfileErrors
 from inference_image.render import PATHS
 
 EXAMPLE = ROOT / "docs/examples/fleet-h100x8.yaml"
+GROUP = ROOT / "docs/examples/fleet-cpu-2node.yaml"
 
 
 def _spec(tmp_path: Path, **over: object) -> Path:
@@ -184,6 +185,12 @@ class StandinApi:
                             {"ip_address": f"10.10.0.{d['id'] - 1000 + 1}", "type": "private"},
                             {"ip_address": f"203.0.113.{d['id'] - 1000}", "type": "public"}]
                     return self._send(200, {"droplet": d})
+                if (method, u.path) == ("GET", "/v2/vpcs"):
+                    vpcs = [{"id": "5a4981aa-9653-4bd1-bef5-d6bff28cbd9b", "region": "tor1",
+                             "default": True, "ip_range": "10.10.0.0/20"},
+                            {"id": "0b1e1c33-0000-4bd1-bef5-d6bff28cbd9b", "region": "tor1",
+                             "default": False, "ip_range": "10.20.0.0/20"}]
+                    return self._send(200, {"vpcs": vpcs, "links": {}, "meta": {"total": 2}})
                 if (method, u.path) == ("POST", "/v2/firewalls"):
                     fw = {**body, "id": f"fw-{len(api.firewalls) + 1}", "status": "succeeded"}
                     api.firewalls[fw["id"]] = fw
@@ -301,3 +308,68 @@ def test_no_token_is_one_line_naming_it(api: StandinApi, monkeypatch: pytest.Mon
     assert err == ["error: DIGITALOCEAN_TOKEN is not set. Fix: export DIGITALOCEAN_TOKEN=<a token "
                    "with droplet, tag and firewall scopes> (read from the environment only)"]
     assert api.calls == []
+
+
+# --- a tier whose one instance spans several droplets (serving.nodes) ---------------------------
+
+def test_a_multi_node_tier_plans_a_head_and_its_nodes(capsys) -> None:
+    assert cli.main(["fleet", "plan", str(GROUP)]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) <= 24, out
+    p = fleet.plan(fleet.load(GROUP))
+    assert [(d.name, d.role) for d in p.droplets] == [("tiny2-head", "head"), ("tiny2-node-1", "node")]
+    assert "one cpu-2node instance" in out and "over 2 droplets: pipeline parallel 2" in out
+    assert "https://<tiny2-head's public IPv4>:8000" in out
+    edge, group = p.firewalls
+    assert edge["tags"] == ["tiny2-head"] and edge["inbound_rules"] == [
+        {"protocol": "tcp", "ports": "8000", "sources": {"addresses": ["0.0.0.0/0", "::/0"]}}]
+    assert group["tags"] == ["tiny2-group"]
+    assert group["inbound_rules"][0] == {"protocol": "tcp", "ports": "all",
+                                         "sources": {"tags": ["tiny2-group"]}}
+    assert fleet.tags(p.spec, "node") == ["inference-image-fleet-tiny2", "tiny2-node", "tiny2-group"]
+    calls = fleet.api_calls(p)
+    assert [c[0] for c in calls] == ["vpcs.list", "droplets.create", "droplets.get",
+                                     "droplets.create", "firewalls.create", "firewalls.create"]
+    head_ud = yaml.safe_load(calls[1][1]["body"]["user_data"])["write_files"][0]["content"]
+    node_ud = yaml.safe_load(calls[3][1]["body"]["user_data"])["write_files"][0]["content"]
+    assert json.loads(head_ud) == {"fleet": "tiny2", "role": "head",
+                                   "network": "<the VPC's ip_range>"}
+    assert json.loads(node_ud) == {"fleet": "tiny2", "role": "node", "rank": 1,
+                                   "head": "<the head's private IPv4, once it exists>"}
+
+
+def test_a_multi_node_fleet_of_several_instances_is_one_line(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "g.yaml"
+    spec.write_text(GROUP.read_text().replace("workers: 1", "workers: 2"))
+    assert cli.main(["fleet", "plan", str(spec)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "workers: 2, but cpu-2node's instance spans 2 droplets" in err[0]
+    assert "Fix: set workers: 1" in err[0]
+
+
+def test_up_makes_the_head_then_nodes_that_name_it(api: StandinApi, capsys) -> None:
+    assert cli.main(["fleet", "up", str(GROUP)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert api.made() == ["POST /v2/droplets", "POST /v2/droplets", "POST /v2/firewalls",
+                          "POST /v2/firewalls"]
+    head, node = (b for m, p, b in api.calls if (m, p) == ("POST", "/v2/droplets"))
+    content = [json.loads(yaml.safe_load(b["user_data"])["write_files"][0]["content"])
+               for b in (head, node)]
+    # the region's default VPC's range for the head; the head's private address for the node
+    assert content == [{"fleet": "tiny2", "role": "head", "network": "10.10.0.0/20"},
+                       {"fleet": "tiny2", "role": "node", "rank": 1, "head": "10.10.0.2"}]
+    assert "endpoint https://203.0.113.1:8000 once its stages have met" in out
+    assert cli.main(["fleet", "status", str(GROUP)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2].split()[:2] == ["tiny2-head", "head"]
+    assert rows[3].split()[:2] == ["tiny2-node-1", "node"]
+    assert cli.main(["fleet", "down", "--yes", str(GROUP)]) == 0
+    assert not api.droplets and not api.firewalls
+
+
+def test_a_multi_node_up_that_fails_part_way_leaves_nothing(api: StandinApi, capsys) -> None:
+    api.fail["POST /v2/firewalls"] = 422
+    assert cli.main(["fleet", "up", str(GROUP)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "what this run had made is removed again" in err[0], err
+    assert not api.droplets and not api.firewalls

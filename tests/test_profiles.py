@@ -7,7 +7,7 @@ from conftest import ROOT, edit
 
 from inference_image.profiles import ProfileErrors, list_tiers, resolve
 
-TIERS = ["cpu", "h100", "h100x8", "h200", "l40s", "rtx4000ada", "rtx6000ada"]
+TIERS = ["cpu", "cpu-2node", "h100", "h100x8", "h200", "l40s", "rtx4000ada", "rtx6000ada"]
 
 
 def errors_of(tier: str, pdir: Path, **kw) -> list[str]:
@@ -47,7 +47,7 @@ def test_extends_merges_base_values_and_tier_wins():
 def test_unknown_tier_lists_valid_ones(pdir):
     (err,) = errors_of("h300", pdir)
     assert "unknown tier 'h300'" in err
-    assert "use one of: cpu, h100, h100x8, h200, l40s, rtx4000ada, rtx6000ada" in err
+    assert "use one of: cpu, cpu-2node, h100, h100x8, h200, l40s, rtx4000ada, rtx6000ada" in err
 
 
 def test_unknown_field_names_file_field_and_valid_fields(pdir):

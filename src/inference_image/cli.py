@@ -64,7 +64,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "yes" if r.fa3_available else "no", "yes" if r.fp8_available else "no",
             p.model.target, p.model.quantization,
             spec.method + (f" ({spec.draft})" if spec.draft else ""),
-            f"{p.serving.instances} x {p.serving.tensor_parallel_size}",
+            f"{p.serving.instances} x {p.serving.tensor_parallel_size}"
+            + (f" on {p.serving.nodes} nodes" if p.serving.nodes > 1 else ""),
         ])
     print(_table(rows))
     return _fail(errors) if errors else 0

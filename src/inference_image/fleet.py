@@ -65,7 +65,7 @@ class FleetSpec(Strict):
 @dataclass(frozen=True)
 class Droplet:
     name: str
-    role: str  # "router" | "worker"
+    role: str  # "router" | "worker", or for a tier over several machines "head" | "node"
     size: str
     usd_per_hour: float
 
@@ -100,8 +100,9 @@ class FleetError(Exception):
 
 def tags(spec: FleetSpec, role: str) -> list[str]:
     """A droplet's tags: the fleet's (what `status` and `down` find) and its role's (what the
-    firewalls name as their target and source)."""
-    return [fleet_tag(spec), role_tag(spec, role)]
+    firewalls name as their target and source); a head's and nodes' also their group's."""
+    group = [role_tag(spec, "group")] if role in ("head", "node") else []
+    return [fleet_tag(spec), role_tag(spec, role), *group]
 
 
 def fleet_tag(spec: FleetSpec) -> str:
@@ -152,10 +153,17 @@ def _droplet_usd(r: Resolved) -> float:
     return r.profile.digitalocean.price_per_gpu_hour * max(1, r.profile.hardware.gpu_count)
 
 
+def spans_nodes(p: Plan) -> int:
+    """How many droplets the tier's one instance spans (serving.nodes); 1: a router and workers."""
+    return p.tier.profile.serving.nodes
+
+
 def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
     tier, router_tier = resolve(spec.tier), resolve(spec.router_tier)
     region = spec.region or tier.profile.digitalocean.region
     sid, source = snapshot_id(spec.snapshot, region, base)
+    if tier.profile.serving.nodes > 1:
+        return _group_plan(spec, tier, router_tier, sid, source, region)
     rtag, wtag = role_tag(spec, "router"), role_tag(spec, "worker")
     droplets = [Droplet(f"{spec.name}-router", "router", router_tier.profile.digitalocean.size,
                         _droplet_usd(router_tier))]
@@ -183,19 +191,57 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
     return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
 
 
+def _group_plan(spec: FleetSpec, tier: Resolved, router_tier: Resolved, sid: int, source: str,
+                region: str) -> Plan:
+    """A tier whose instance spans serving.nodes droplets: a head (the API: nginx, vllm-router,
+    pipeline stage 0) and nodes (the other stages, headless). The edge is the head's; the stages
+    reach each other on every port (vLLM picks them) through the group's tag only."""
+    n = tier.profile.serving.nodes
+    if spec.workers != 1:
+        raise FleetError(f"workers: {spec.workers}, but {spec.tier}'s instance spans {n} droplets "
+                         "(serving.nodes), which serve it as one. Fix: set workers: 1")
+    size, usd = tier.profile.digitalocean.size, _droplet_usd(tier)
+    droplets = [Droplet(f"{spec.name}-head", "head", size, usd)]
+    droplets += [Droplet(f"{spec.name}-node-{i}", "node", size, usd) for i in range(1, n)]
+    anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
+    out_all = [{"protocol": p, "ports": "all", "destinations": anywhere} for p in ("tcp", "udp")]
+    out_all.append({"protocol": "icmp", "destinations": anywhere})
+    group = {"tags": [role_tag(spec, "group")]}
+    firewalls = (
+        {"name": f"{spec.name}-edge", "tags": [role_tag(spec, "head")],
+         "inbound_rules": [{"protocol": "tcp", "ports": str(tier.profile.router.port),
+                            "sources": anywhere}], "outbound_rules": out_all},
+        {"name": f"{spec.name}-group", "tags": [role_tag(spec, "group")],
+         "inbound_rules": [{"protocol": "tcp", "ports": "all", "sources": group},
+                           {"protocol": "tcp", "ports": "22", "sources": anywhere}],
+         "outbound_rules": out_all},
+    )
+    return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
+
+
 def endpoint(p: Plan, address: str) -> str:
     """The fleet's public URL: nginx on the router droplet."""
-    rt = p.router_tier.profile.router
+    rt = (p.tier if spans_nodes(p) > 1 else p.router_tier).profile.router
     return f"{'https' if rt.tls != 'off' else 'http'}://{address}:{rt.port}"
 
 
-def fleet_json(p: Plan, role: str, router: str | None = None) -> dict[str, Any]:
+NETWORK_PLACEHOLDER = "<the VPC's ip_range>"
+HEAD_PLACEHOLDER = "<the head's private IPv4, once it exists>"
+
+
+def fleet_json(p: Plan, role: str, router: str | None = None, *, rank: int = 0,
+               network: str | None = None) -> dict[str, Any]:
     """What user-data writes to PATHS["fleet"] on a droplet of `role`. The router knows no worker
     up front: each worker registers its instances with the router's vllm-router at boot (its
     add-worker call, on the router's private address), so a worker added later joins the running
-    router, and one that comes back after a failure joins again."""
+    router, and one that comes back after a failure joins again. A head is told the VPC's range
+    (its own address is the one in it); a node its rank and the head's address (`router` here)."""
     doc: dict[str, Any] = {"fleet": p.spec.name, "role": role}
-    if role == "router":
+    if role == "head":
+        doc["network"] = network or NETWORK_PLACEHOLDER
+    elif role == "node":
+        doc["rank"], doc["head"] = rank, router or HEAD_PLACEHOLDER
+    elif role == "router":
         doc["worker_tag"] = role_tag(p.spec, "worker")
     else:
         doc["router"] = (f"http://{router}:{p.router_tier.profile.router.internal_port}"
@@ -204,27 +250,48 @@ def fleet_json(p: Plan, role: str, router: str | None = None) -> dict[str, Any]:
     return doc
 
 
-def user_data(p: Plan, role: str, router: str | None = None) -> str:
+def user_data(p: Plan, role: str, router: str | None = None, *, rank: int = 0,
+              network: str | None = None) -> str:
     """cloud-config: the fleet role file, nothing secret (the router makes its API key itself at
     first boot, as every machine of the image does)."""
-    content = json.dumps(fleet_json(p, role, router), sort_keys=True)
+    content = json.dumps(fleet_json(p, role, router, rank=rank, network=network), sort_keys=True)
     doc = {"write_files": [{"path": PATHS["fleet"], "permissions": "0644", "content": content}]}
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=200)
 
 
-def api_calls(p: Plan, router_ip: str | None = None) -> list[tuple[str, dict[str, Any], str]]:
+def api_calls(p: Plan, router_ip: str | None = None,
+              network: str | None = None) -> list[tuple[str, dict[str, Any], str]]:
     """Every DigitalOcean API call of `up`, in order: (pydo method, its keyword arguments, why).
     The router is made first: the workers' user-data names its private address (router_ip, once
-    it is known; a placeholder in a dry run)."""
-    def body(names: list[str], d: Droplet, role: str) -> dict[str, Any]:
+    it is known; a placeholder in a dry run). For a tier over several droplets the VPC's range
+    comes first (the head's user-data names it), then the head, then each node, whose user-data
+    names the head's private address (router_ip) and its rank."""
+    def body(names: list[str], d: Droplet, role: str, rank: int = 0) -> dict[str, Any]:
         b: dict[str, Any] = {"names": names, "region": p.region, "size": d.size,
                              "image": p.snapshot_id, "tags": tags(p.spec, d.role), "ipv6": True,
-                             "monitoring": True, "user_data": user_data(p, role, router_ip)}
+                             "monitoring": True,
+                             "user_data": user_data(p, role, router_ip, rank=rank, network=network)}
         if p.spec.ssh_keys:
             b["ssh_keys"] = list(p.spec.ssh_keys)
         if p.spec.vpc_uuid:
             b["vpc_uuid"] = p.spec.vpc_uuid
         return b
+    if spans_nodes(p) > 1:
+        head = p.droplets[0]
+        vpc: tuple[str, dict[str, Any], str] = (
+            ("vpcs.get", {"vpc_id": p.spec.vpc_uuid}, "the VPC's ip_range, for the head")
+            if p.spec.vpc_uuid else
+            ("vpcs.list", {}, f"the ip_range of {p.region}'s default VPC, for the head"))
+        return [
+            vpc,
+            ("droplets.create", {"body": body([head.name], head, "head")}, "the head"),
+            ("droplets.get", {"droplet_id": "<the head's id, from the call above>"},
+             "again until the head is active, for its private IPv4"),
+            *(("droplets.create", {"body": body([d.name], d, "node", i)},
+               f"node {i}, its user-data naming the head")
+              for i, d in enumerate(p.droplets[1:], 1)),
+            *(("firewalls.create", {"body": fw}, "") for fw in p.firewalls),
+        ]
     workers = [d for d in p.droplets if d.role == "worker"]
     router = next(d for d in p.droplets if d.role == "router")
     return [
@@ -235,6 +302,32 @@ def api_calls(p: Plan, router_ip: str | None = None) -> list[tuple[str, dict[str
          "the workers, their user-data naming the router"),
         *(("firewalls.create", {"body": fw}, "") for fw in p.firewalls),
     ]
+
+
+def _describe_group(p: Plan, table: list[str]) -> str:
+    s, t = p.spec, p.tier.profile
+    head = f"<{s.name}-head's public IPv4>"
+    return "\n".join([
+        f"fleet {s.name}: one {t.tier} instance ({t.description}) over {spans_nodes(p)} droplets: "
+        f"pipeline parallel {spans_nodes(p)}, tensor parallel {t.serving.tensor_parallel_size} "
+        "inside each (vLLM's multi-node executor)",
+        f"region {p.region}, VPC {s.vpc_uuid or 'the region default'}, snapshot {p.snapshot_id} "
+        f"({p.snapshot_source})",
+        *table,
+        f"  per month (730 h): ${p.usd_per_hour * 730:,.0f}; GPUs "
+        f"{t.hardware.gpu_count * spans_nodes(p)} at ${t.digitalocean.price_per_gpu_hour:.2f}/GPU-hour",
+        f"endpoint  {endpoint(p, head)}  (API key: ssh root@<head> cat {PATHS['api_key']})",
+        f"stages    the head serves the API and stage 0; node k runs stage k headless; the stages "
+        f"meet at the head's port {t.serving.node_port} on the VPC",
+        f"firewall  {p.firewalls[0]['name']}: {t.router.port}/tcp from anywhere to the head",
+        f"          {p.firewalls[1]['name']}: every TCP port between the group's droplets, 22/tcp "
+        "from anywhere",
+        f"user-data head: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'head'))}",
+        f"user-data node: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'node', rank=1))} "
+        "(rank 1, 2, ...)",
+        "commands  fleet up (DIGITALOCEAN_TOKEN), fleet status, fleet down --yes; "
+        "up --dry-run prints the API calls",
+    ])
 
 
 def describe(p: Plan) -> str:
@@ -252,6 +345,8 @@ def describe(p: Plan) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     table = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]
+    if spans_nodes(p) > 1:
+        return _describe_group(p, table)
     n_inst = len(p.tier.instances) * s.workers
     per = t.digitalocean.price_per_gpu_hour
     router_ip = f"<{s.name}-router's public IPv4>"
@@ -356,6 +451,8 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
         names = ", ".join(sorted(str(d.get("name")) for d in have))
         raise FleetError(f"fleet {spec.name} has droplets already ({names}). Fix: `fleet status` "
                          "shows them, `fleet down --yes` removes them")
+    if spans_nodes(p) > 1:
+        return _up_group(p, c, say)
     calls = api_calls(p)
     made_fw: list[str] = []
     try:
@@ -390,6 +487,60 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
             "workers": [w["name"] for w in workers]}
 
 
+def _active_private(c: Any, d: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The droplet once it is active, and its private IPv4."""
+    t0 = time.monotonic()
+    while True:
+        got = _call(c, "droplets.get", droplet_id=d["id"])["droplet"]
+        ip = _address(got, "private") if got.get("status") == "active" else None
+        if ip:
+            return got, ip
+        if time.monotonic() - t0 > READY_S:
+            raise FleetError(f"{d['name']} not active with a private address after {READY_S} s "
+                             f"(status {got.get('status')})")
+        time.sleep(POLL_S)
+
+
+def _vpc_range(p: Plan, c: Any) -> str:
+    if p.spec.vpc_uuid:
+        return str(_call(c, "vpcs.get", vpc_id=p.spec.vpc_uuid)["vpc"]["ip_range"])
+    for v in _call(c, "vpcs.list", per_page=200).get("vpcs", []):
+        if v.get("region") == p.region and v.get("default"):
+            return str(v["ip_range"])
+    raise FleetError(f"no default VPC in {p.region}. Fix: set vpc_uuid in the fleet file")
+
+
+def _up_group(p: Plan, c: Any, say: Callable[[str], None]) -> dict[str, Any]:
+    """up() for a tier over several droplets: the head, then each node naming it, then the
+    firewalls; a failure part-way removes what this run made."""
+    made_fw: list[str] = []
+    try:
+        network = _vpc_range(p, c)
+        calls = api_calls(p, network=network)
+        head = _call(c, "droplets.create", **calls[1][1])["droplets"][0]
+        say(f"made {head['name']} (the head, VPC {network}), id {head['id']}; waiting until it "
+            "is active")
+        got, ip = _active_private(c, head)
+        public = _address(got, "public")
+        say(f"{head['name']} is active: private {ip}, public {public}")
+        nodes = []
+        for method, kwargs, why in api_calls(p, ip, network)[3:]:
+            if method == "droplets.create":
+                nodes += _call(c, method, **kwargs)["droplets"]
+                say(f"made {nodes[-1]['name']} ({why})")
+            else:
+                fw = _call(c, method, **kwargs)["firewall"]
+                made_fw.append(fw["id"])
+                say(f"made firewall {fw['name']}")
+    except FleetError as exc:
+        for fid in made_fw:
+            _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
+        _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(p.spec)))
+        raise FleetError(f"{exc}; what this run had made is removed again") from None
+    return {"router": head["name"], "public": public, "private": ip,
+            "workers": [n["name"] for n in nodes]}
+
+
 def _cleanup(undo: Callable[[], Any]) -> None:
     try:
         undo()
@@ -402,11 +553,13 @@ def status(p: Plan, c: Any) -> str:
     droplets = sorted(_fleet_droplets(c, spec), key=lambda d: str(d.get("name")))
     if not droplets:
         return f"fleet {spec.name}: no droplet (`fleet up` makes it)"
-    router = next((d for d in droplets if role_tag(spec, "router") in d.get("tags", [])), None)
+    roles = ("head", "node") if spans_nodes(p) > 1 else ("router", "worker")
+    router = next((d for d in droplets if role_tag(spec, roles[0]) in d.get("tags", [])), None)
     rows = [("droplet", "role", "status", "private", "public")]
     for d in droplets:
-        rows.append((str(d.get("name")), "router" if d is router else "worker", str(d.get("status")),
-                     _address(d, "private") or "-", _address(d, "public") or "-"))
+        rows.append((str(d.get("name")), roles[0] if d is router else roles[1],
+                     str(d.get("status")), _address(d, "private") or "-",
+                     _address(d, "public") or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [f"fleet {spec.name}: {len(droplets)} droplet(s), {p.region}"]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
@@ -461,8 +614,9 @@ def cmd_up(args: Any) -> int:
     if not args.dry_run:
         def act(p: Plan, c: Any) -> int:
             made = up(p, c)
-            print(f"fleet {p.spec.name}: endpoint {endpoint(p, made['public'])} once the workers "
-                  f"have joined (their models load first); API key: ssh root@{made['public']} cat "
+            when = ("its stages have met" if spans_nodes(p) > 1 else "the workers have joined")
+            print(f"fleet {p.spec.name}: endpoint {endpoint(p, made['public'])} once {when} "
+                  f"(their models load first); API key: ssh root@{made['public']} cat "
                   f"{PATHS['api_key']}")
             return 0
         return _with_client(args, act)
