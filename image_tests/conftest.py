@@ -255,7 +255,13 @@ def pending_security_updates(root: Any) -> list[str]:
     opts = (f"-o Dir::State::Lists={lists} -o Debug::NoLocking=1 -o Dir::Cache::pkgcache= "
             "-o Dir::Cache::srcpkgcache=")
     try:
-        upd = root.run(f"mkdir -p {lists}/partial && apt-get -qq {opts} update 2>&1")
+        # a few tries: the archive is reached over the network (CI's through a proxy), and a
+        # moment it does not answer says nothing about the image
+        for attempt in range(3):
+            upd = root.run(f"mkdir -p {lists}/partial && apt-get -qq {opts} update 2>&1")
+            if upd.rc == 0 and "Err:" not in upd.stdout:
+                break
+            time.sleep(10 * (attempt + 1))
         assert upd.rc == 0, f"cannot read the package archive to check for updates: {upd.stdout[-300:]}"
         sim = root.run(f"apt-get -s {opts} upgrade")
         assert sim.rc == 0, sim.stdout[-300:]
