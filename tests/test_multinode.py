@@ -189,6 +189,7 @@ def helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setitem(LIMITS, "stall_s", 2)
     monkeypatch.setitem(LIMITS, "stall_probe_every_s", 1)
     monkeypatch.setitem(LIMITS, "stall_poll_s", 0.3)
+    monkeypatch.setitem(LIMITS, "stop_timeout_s", 1)
     root = tmp_path / "fast"
     render(resolve("cpu", overrides=TWO), root)
     text = (root / PATHS["runner"].lstrip("/")).read_text()
@@ -234,12 +235,12 @@ def instance() -> Iterator[int]:
     srv.shutdown()
 
 
-def watched(tmp_path: Path, code: str, port: str, watch: str
+def watched(tmp_path: Path, code: str, port: str, watch: str, main_argv: list[str] | None = None
             ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[str], socket.socket]:
     """A stand-in main process, the helper watching it, and the notify socket it reports to."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify"))
-    main = subprocess.Popen(["sleep", "60"])
+    main = subprocess.Popen(main_argv or ["sleep", "60"])
     h = subprocess.Popen([sys.executable, "-c", code, port, watch, str(main.pid), "tiny-llama"],
                          env={"NOTIFY_SOCKET": str(tmp_path / "notify"), "INFERENCE_UNIT": "vllm-0",
                               "PATH": "/usr/bin:/bin"},
@@ -286,3 +287,15 @@ def test_a_node_whose_head_is_gone_stops_itself(tmp_path: Path,
     assert main.wait(timeout=10) == -signal.SIGTERM
     out = h.communicate(timeout=10)[0]
     assert f"the head 127.0.0.1 is gone (its rendezvous port {port} closed); stopping it" in out
+
+
+def test_a_stage_that_does_not_stop_on_sigterm_is_killed(tmp_path: Path, instance: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the multi-node proof's head did (70 s to exit after SIGTERM with its node gone): after
+    the stop timeout systemd would give it, SIGKILL."""
+    deaf = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN); time.sleep(60)"]
+    main, h, sock = watched(tmp_path, helper(tmp_path, monkeypatch), str(instance), "head", deaf)
+    assert sock.recv(200).startswith(b"READY=1")
+    assert main.wait(timeout=20) == -signal.SIGKILL
+    assert "vllm-0: not stopped after 1 s; killing it" in h.communicate(timeout=10)[0]
