@@ -291,7 +291,7 @@ def test_a_node_whose_head_is_gone_stops_itself(tmp_path: Path,
 
 def test_a_stage_that_does_not_stop_on_sigterm_is_killed(tmp_path: Path, instance: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """As the multi-node proof's head did (70 s to exit after SIGTERM with its node gone): after
+    """As the multi-node proof's head did (about 60 s to exit on SIGTERM with its node gone): after
     the stop timeout systemd would give it, SIGKILL."""
     deaf = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
             "signal.SIG_IGN); time.sleep(60)"]
