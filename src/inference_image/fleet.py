@@ -459,16 +459,7 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
         method, kwargs, why = calls[0]
         router = _call(c, method, **kwargs)["droplets"][0]
         say(f"made {router['name']} ({why}), id {router['id']}; waiting until it is active")
-        t0, ip = time.monotonic(), None
-        while True:
-            d = _call(c, "droplets.get", droplet_id=router["id"])["droplet"]
-            ip = _address(d, "private") if d.get("status") == "active" else None
-            if ip:
-                break
-            if time.monotonic() - t0 > READY_S:
-                raise FleetError(f"{router['name']} not active with a private address after "
-                                 f"{READY_S} s (status {d.get('status')})")
-            time.sleep(POLL_S)
+        d, ip = _active_private(c, router)
         public = _address(d, "public")
         say(f"{router['name']} is active: private {ip}, public {public}")
         method, kwargs, why = api_calls(p, ip)[2]
@@ -479,10 +470,7 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
             made_fw.append(fw["id"])
             say(f"made firewall {fw['name']}")
     except FleetError as exc:
-        for fid in made_fw:
-            _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
-        _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(spec)))
-        raise FleetError(f"{exc}; what this run had made is removed again") from None
+        raise _undo(c, spec, made_fw, exc) from None
     return {"router": router["name"], "public": public, "private": ip,
             "workers": [w["name"] for w in workers]}
 
@@ -533,12 +521,18 @@ def _up_group(p: Plan, c: Any, say: Callable[[str], None]) -> dict[str, Any]:
                 made_fw.append(fw["id"])
                 say(f"made firewall {fw['name']}")
     except FleetError as exc:
-        for fid in made_fw:
-            _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
-        _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(p.spec)))
-        raise FleetError(f"{exc}; what this run had made is removed again") from None
+        raise _undo(c, p.spec, made_fw, exc) from None
     return {"router": head["name"], "public": public, "private": ip,
             "workers": [n["name"] for n in nodes]}
+
+
+def _undo(c: Any, spec: FleetSpec, made_fw: list[str], exc: FleetError) -> FleetError:
+    """Remove what a failed `up` made (its firewalls, the fleet's droplets by tag): the error to
+    raise."""
+    for fid in made_fw:
+        _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
+    _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(spec)))
+    return FleetError(f"{exc}; what this run had made is removed again")
 
 
 def _cleanup(undo: Callable[[], Any]) -> None:
