@@ -36,8 +36,20 @@ def test_the_join_timer_is_enabled_and_waits_for_a_fleet_file(root: Any, profile
     assert f"ConditionPathExists={profile['paths']['fleet']}" in unit.splitlines(), unit
 
 
-def test_a_worker_removed_from_the_router_joins_it_again(root: Any, profile: dict[str, Any]) -> None:
+def test_a_worker_removed_from_the_router_joins_it_again(root: Any, profile: dict[str, Any],
+                                                        record_property: Any) -> None:
     paths, rt = profile["paths"], profile["router"]
+    # Once in about ten runs of the suites after the faults suite's reboot (make test here, and
+    # likely CI's failure), vllm-router did not listen at this point (connection refused); the
+    # cause is not found yet. This test is about the join, so it waits for the router, and says
+    # how long it waited and how often systemd had restarted it, where the report shows it.
+    t0 = time.monotonic()
+    up = _eventually(lambda: _workers_or_none(root, rt["internal_port"]) is not None)
+    record_property("router_wait_s", round(time.monotonic() - t0, 1))
+    record_property("router_restarts", root.run(
+        "systemctl show -p NRestarts,ActiveEnterTimestamp vllm-router").stdout.split())
+    assert up, "vllm-router did not listen within 60 s: " + root.run(
+        "journalctl -u vllm-router -n 20 --no-pager -o cat").stdout[-1500:]
     before = workers(root, rt["internal_port"])
     inst = profile["instances"][-1]
     url = f"http://127.0.0.1:{inst['port']}"
