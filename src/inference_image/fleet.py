@@ -148,6 +148,12 @@ def snapshot_id(ref: str, region: str, base: Path) -> tuple[int, str]:
     return int(sid), str(path)
 
 
+# a cloud firewall's sources or destinations: every address; and its rules letting everything out
+ANYWHERE = {"addresses": ["0.0.0.0/0", "::/0"]}
+OUT_ALL = [*({"protocol": p, "ports": "all", "destinations": ANYWHERE} for p in ("tcp", "udp")),
+           {"protocol": "icmp", "destinations": ANYWHERE}]  # icmp has no ports
+
+
 def _droplet_usd(r: Resolved) -> float:
     # price_per_gpu_hour is per droplet on the cpu tier (no GPU)
     return r.profile.digitalocean.price_per_gpu_hour * max(1, r.profile.hardware.gpu_count)
@@ -169,24 +175,21 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
                         _droplet_usd(router_tier))]
     droplets += [Droplet(f"{spec.name}-worker-{i}", "worker", tier.profile.digitalocean.size,
                          _droplet_usd(tier)) for i in range(1, spec.workers + 1)]
-    anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
-    out_all = [{"protocol": p, "ports": "all", "destinations": anywhere} for p in ("tcp", "udp")]
-    out_all.append({"protocol": "icmp", "destinations": anywhere})  # icmp has no ports
     ports = instance_ports(tier)
     span = str(ports[0]) if len(ports) == 1 else f"{min(ports)}-{max(ports)}"
     firewalls = (
         {"name": f"{spec.name}-edge", "tags": [rtag],
          "inbound_rules": [{"protocol": "tcp", "ports": str(router_tier.profile.router.port),
-                            "sources": anywhere},
+                            "sources": ANYWHERE},
                            # the workers' add-worker calls to vllm-router
                            {"protocol": "tcp", "ports": str(router_tier.profile.router.internal_port),
                             "sources": {"tags": [wtag]}},
-                           {"protocol": "tcp", "ports": "22", "sources": anywhere}],
-         "outbound_rules": out_all},
+                           {"protocol": "tcp", "ports": "22", "sources": ANYWHERE}],
+         "outbound_rules": OUT_ALL},
         {"name": f"{spec.name}-workers", "tags": [wtag],
          "inbound_rules": [{"protocol": "tcp", "ports": span, "sources": {"tags": [rtag]}},
-                           {"protocol": "tcp", "ports": "22", "sources": anywhere}],
-         "outbound_rules": out_all},
+                           {"protocol": "tcp", "ports": "22", "sources": ANYWHERE}],
+         "outbound_rules": OUT_ALL},
     )
     return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
 
@@ -203,18 +206,15 @@ def _group_plan(spec: FleetSpec, tier: Resolved, router_tier: Resolved, sid: int
     size, usd = tier.profile.digitalocean.size, _droplet_usd(tier)
     droplets = [Droplet(f"{spec.name}-head", "head", size, usd)]
     droplets += [Droplet(f"{spec.name}-node-{i}", "node", size, usd) for i in range(1, n)]
-    anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
-    out_all = [{"protocol": p, "ports": "all", "destinations": anywhere} for p in ("tcp", "udp")]
-    out_all.append({"protocol": "icmp", "destinations": anywhere})
     group = {"tags": [role_tag(spec, "group")]}
     firewalls = (
         {"name": f"{spec.name}-edge", "tags": [role_tag(spec, "head")],
          "inbound_rules": [{"protocol": "tcp", "ports": str(tier.profile.router.port),
-                            "sources": anywhere}], "outbound_rules": out_all},
+                            "sources": ANYWHERE}], "outbound_rules": OUT_ALL},
         {"name": f"{spec.name}-group", "tags": [role_tag(spec, "group")],
          "inbound_rules": [{"protocol": "tcp", "ports": "all", "sources": group},
-                           {"protocol": "tcp", "ports": "22", "sources": anywhere}],
-         "outbound_rules": out_all},
+                           {"protocol": "tcp", "ports": "22", "sources": ANYWHERE}],
+         "outbound_rules": OUT_ALL},
     )
     return Plan(spec, tier, router_tier, sid, source, region, tuple(droplets), firewalls)
 
