@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -547,3 +548,55 @@ def test_served_step_without_a_router_is_one_line(tmp_path: Path,
 def test_the_dev_venvs_router_is_the_images() -> None:
     pins = (project_root() / "requirements.txt").read_text()
     assert f"vllm-router=={resolve('cpu').profile.versions.vllm_router}\n" in pins
+
+
+def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
+    import http.server
+    import threading
+
+    lock = threading.Lock()
+    arrived: list[int] = []
+    first_sent: list[float] = []
+    done: list[float] = []
+
+    class Stream(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert body["stream"] and body["ignore_eos"] and len(body["prompt"]) == 32
+            # later streams start later: a window opened before the last one would show it
+            with lock:
+                arrived.append(1)
+                delay = 0.1 * len(arrived)
+            time.sleep(delay)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+            self.wfile.flush()
+            with lock:
+                first_sent.append(time.monotonic())
+            time.sleep(1.0)
+            self.wfile.write(b"data: [DONE]\n\n")
+            with lock:
+                done.append(time.monotonic())
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stream)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    opened: list[float] = []
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        proof.decode_streams(url, "m", 4, lambda: opened.append(time.monotonic()),
+                             prompt_tokens=32)
+        assert len(first_sent) == 4 and len(done) == 4 and len(opened) == 1
+        assert opened[0] >= max(first_sent) and opened[0] < min(done)
+        # a server that refuses: one error naming it, no hang
+        srv.shutdown()
+        srv.server_close()
+        with pytest.raises(proof.ProofError, match="did not all start"):
+            proof.decode_streams(url, "m", 2, lambda: opened.append(0.0), timeout_s=5)
+        assert len(opened) == 1
+    finally:
+        srv.shutdown()

@@ -77,3 +77,19 @@ def test_bursts_cut_the_timeline_where_the_gpu_idles() -> None:
     assert trace.median_burst([]) == {}
     s = {**trace.summarize(events), "bursts": pieces, "median_burst": pieces[0]}
     assert "one request (median of 2): span 1.5 ms, GPU busy 0.5 ms" in trace.table(s)
+
+
+def test_decode_steps_give_a_steps_cost_by_kind() -> None:
+    events = [_k("cutlass_3x_sm90_gemm", 0, 60), _k("flash_fwd_kernel", 60, 20),
+              _k("cutlass_3x_sm90_gemm", 100, 60), _k("flash_fwd_kernel", 160, 20)]
+    events += [{"ph": "X", "cat": "gpu_user_annotation", "ts": t, "dur": 100,
+                "name": "execute_context_0(0)_generation_64(64)"} for t in (0, 100)]
+    # a step with prompt tokens in it is not a decode step
+    events.append({"ph": "X", "cat": "gpu_user_annotation", "ts": 200, "dur": 50,
+                   "name": "execute_context_1(512)_generation_63(63)"})
+    s = trace.summarize(events)
+    assert s["decode_steps"] == 2 and s["decode_step_ms"] == 0.1
+    assert s["per_decode_step_ms"] == {"gemm": 0.06, "attention": 0.02}
+    assert s["gpu_busy_per_decode_step_ms"] == 0.08
+    assert "2 decode steps of 0.1 ms" in trace.table(s)
+    assert "decode_steps" not in trace.summarize(EVENTS)

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -349,6 +350,8 @@ SERVED_SEED = 500
 # the row a server answers first, before the measured ones (Runner._settle): 700 + c meets no
 # measured row's seed (seed + c, c <= 64; 500 + c; scenarios from 1000)
 SETTLE_SEED, SETTLE_CONCURRENCY = 700, 4
+# a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
+DECODE_WINDOW_S = 1.0
 
 
 def router_bin(python: str) -> str:
@@ -463,6 +466,52 @@ def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
             raise ProofError(f"{url}: a streamed completion sent no token")
         out.append(round(first, 2))
     return out
+
+
+def decode_streams(url: str, model: str, c: int, during: Any, prompt_tokens: int = 512,
+                   max_tokens: int = 1024, seed: int = 7, timeout_s: float = 600) -> None:
+    """c streamed completions of `prompt_tokens` random ids at once; `during()` runs once every
+    one of them has its first token, so the engine's steps from then on are decode steps of c
+    sequences (bench's chat row at c after its prefills). max_tokens outlasts what `during` does."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1000, 30000) for _ in range(prompt_tokens)] for _ in range(c)]
+    lock = threading.Lock()
+    first = threading.Event()
+    started = [0]
+    errors: list[BaseException] = []
+
+    def one(ids: list[int]) -> None:
+        body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True,
+                "stream": True}
+        req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                seen = False
+                for line in resp:
+                    if not seen and line.startswith(b"data: {"):
+                        seen = True
+                        with lock:
+                            started[0] += 1
+                            if started[0] == c:
+                                first.set()
+        except BaseException as exc:  # reported below, after the others end
+            errors.append(exc)
+            first.set()
+
+    threads = [threading.Thread(target=one, args=(ids,), daemon=True) for ids in prompts]
+    for t in threads:
+        t.start()
+    try:
+        if not first.wait(timeout_s) or errors:
+            raise ProofError(f"{url}: {c} streams did not all start: "
+                             f"{errors[0] if errors else 'timed out'}")
+        during()
+    finally:
+        for t in threads:
+            t.join(timeout_s)
+    if errors:
+        raise ProofError(f"{url}: a stream failed: {errors[0]}")
 
 
 def first_token_probes(url: str, model: str, tokens: int, answer: int) -> dict[str, Any]:
@@ -1010,9 +1059,11 @@ class Runner:
     def step_trace(self, step: Step) -> None:
         """The profile as imaged under vLLM's torch profiler: warmed up, then traced and the trace
         summarised (trace.py): where a step's GPU time goes, how long the GPU idles. Decode (the
-        default): one stream of greedy completions, the speculative steps included. With
-        prompt_tokens: the first token of long prompts, one at a time, timed first without the
-        profiler (first_tokens), so the trace explains a measured TTFT."""
+        default): one stream of greedy completions, the speculative steps included. With a
+        concurrency c > 1: c streams at once, traced for DECODE_WINDOW_S once all are decoding (a
+        chat row's steady state at c). With prompt_tokens: the first token of long prompts, one at
+        a time, timed first without the profiler (first_tokens), so the trace explains a measured
+        TTFT."""
         label = step.name()
         tdir = self.work / "trace" / label
         shutil.rmtree(tdir, ignore_errors=True)
@@ -1026,6 +1077,17 @@ class Runner:
         srv = start(runner, env, self.work / "logs" / f"{label}.log", port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n = step.prompt_tokens
+        streams = max(step.concurrency, default=1) if not n else 1
+
+        def profile(action: str) -> None:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
+                                   timeout=600).read()
+
+        def window() -> None:
+            time.sleep(0.2)
+            profile("start_profile")
+            time.sleep(DECODE_WINDOW_S)
+            profile("stop_profile")
 
         def work() -> list[float]:
             if n:
@@ -1052,11 +1114,12 @@ class Runner:
                                               temperature=0.0)
                 timed = {"prompt_tokens": n, "first_token_ms": sampled,
                          "first_token_ms_greedy": greedy_ms}
-            for action in ("start_profile", "stop_profile"):
-                urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
-                                       timeout=600).read()
-                if action == "start_profile":
-                    profiled = work()
+            if streams > 1:
+                decode_streams(url, model, streams, window)
+            else:
+                profile("start_profile")
+                profiled = work()
+                profile("stop_profile")
             files = wait_files(tdir, "*.pt.trace.json*", 300)
         finally:
             srv.stop()
@@ -1064,6 +1127,8 @@ class Runner:
         events = trace.load(biggest)
         summary = trace.summarize(events)
         summary["file"] = biggest.name
+        if streams > 1:
+            summary["streams"] = streams
         if n:
             summary["bursts"] = trace.bursts(events)
             summary["median_burst"] = trace.median_burst(summary["bursts"])

@@ -25,6 +25,8 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                             r"logit|penalt", re.I)),
 )
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+# vLLM's step annotation: execute_context_N(prompt tokens)_generation_M(tokens); N=0 is decode
+DECODE_STEP = re.compile(r"execute_context_0\(0\)_generation_[1-9]")
 
 
 def kind_of(name: str, cat: str = "kernel") -> str:
@@ -86,7 +88,16 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
                 "cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
                 "cuLaunchKernelEx", "cudaMemcpyAsync"):
             launches[e["name"]] += 1
+    # decode steps (no prompt token in them): with a steady batch, what one step costs by kind
+    decode = [d for n, d in notes.items() if DECODE_STEP.match(n)]
+    steps = sum(len(d) for d in decode)
+    per_step = ({"decode_steps": steps,
+                 "decode_step_ms": round(sum(map(sum, decode)) / steps / 1e3, 3),
+                 "per_decode_step_ms": {k: round(v / steps / 1e3, 3) for k, v in
+                                        sorted(by_kind.items(), key=lambda kv: -kv[1])},
+                 "gpu_busy_per_decode_step_ms": round(busy / steps / 1e3, 3)} if steps else {})
     return {
+        **per_step,
         "window_ms": round(window / 1e3, 3),
         "gpu_busy_ms": round(busy / 1e3, 3),
         "gpu_idle_share": round(1 - busy / window, 4) if window else 0.0,
@@ -158,6 +169,10 @@ def table(s: dict[str, Any]) -> str:
               list(s["annotations"].items())[:10]]
     lines += [f"  host {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
               list(s.get("host_annotations", {}).items())[:10]]
+    if n := s.get("decode_steps"):
+        lines.append(f"{n} decode steps of {s['decode_step_ms']} ms, GPU busy "
+                     f"{s['gpu_busy_per_decode_step_ms']} ms a step: " + ", ".join(
+                         f"{k} {v}" for k, v in s["per_decode_step_ms"].items()))
     if m := s.get("median_burst"):
         lines.append(f"one request (median of {len(s.get('bursts', []))}): span {m['span_ms']} ms, "
                      f"GPU busy {m['busy_ms']} ms, {m['kernels']} kernels, "
