@@ -600,3 +600,32 @@ def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
         assert len(opened) == 1
     finally:
         srv.shutdown()
+
+
+def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror = tmp_path / "OUT"
+    mirror.mkdir()
+    monkeypatch.setenv("OUT", str(mirror))
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+
+    def cut(self: proof.Runner, step: proof.Step) -> None:
+        self._phase("starting the server", log)
+        self._phase("the bench rows")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(proof.Runner, "step_info", cut)
+    runner = proof.Runner(plan=proof.Plan(steps=[proof.Step("info")]), out=tmp_path / "pout",
+                          work=tmp_path / "w", model_dir=tmp_path / "m")
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    doc = json.loads((mirror / "proof.json").read_text())
+    assert doc == json.loads((tmp_path / "pout" / "proof.json").read_text())
+    assert doc["failed"]["info"].startswith("cut off (time limit) while the bench rows, ")
+    assert doc["cut_log"]["info"] == [f"line {i}" for i in range(100 - proof.CUT_LOG_LINES, 100)]
+    # the same step run again and ending well leaves neither behind
+    monkeypatch.setattr(proof.Runner, "step_info", lambda self, step: None)
+    runner.run()
+    doc = json.loads((mirror / "proof.json").read_text())
+    assert "info" not in doc.get("failed", {}) and "info" not in doc.get("cut_log", {})

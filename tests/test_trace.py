@@ -93,3 +93,16 @@ def test_decode_steps_give_a_steps_cost_by_kind() -> None:
     assert s["gpu_busy_per_decode_step_ms"] == 0.08
     assert "2 decode steps of 0.1 ms" in trace.table(s)
     assert "decode_steps" not in trace.summarize(EVENTS)
+
+
+def test_fa3_is_attention_and_a_cut_name_keeps_its_whole_text() -> None:
+    fa3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
+           "flash::CollectiveMainloopFwdSm90<2, cute::tuple<int, int>, 128>>>>(Params)")
+    gemm = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<cute::C<64>, "
+            "cute::C<64>, cute::C<256>>, cutlass_3x_sm90_tensorop_e4m3>>(Params)")
+    assert trace.kind_of(fa3) == "attention" and trace.kind_of(gemm) == "gemm"
+    s = trace.summarize([_k(fa3, 0, 50), _k(gemm, 50, 20), _k("rms_norm_kernel", 70, 5)])
+    top = {k["kind"]: k for k in s["top_kernels"]}
+    assert top["gemm"]["full_name"] == gemm and "C<256>" in top["gemm"]["full_name"]
+    assert top["attention"]["name"].endswith("<...>") and "full_name" not in top["norm"]
+

@@ -352,6 +352,8 @@ SERVED_SEED = 500
 SETTLE_SEED, SETTLE_CONCURRENCY = 700, 4
 # a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
 DECODE_WINDOW_S = 1.0
+# the end of a cut-off step's server log kept in proof.json
+CUT_LOG_LINES = 40
 
 
 def router_bin(python: str) -> str:
@@ -665,10 +667,28 @@ class Runner:
     model_dir: Path
     python: str = sys.executable
     results: dict[str, Any] = field(default_factory=dict)
+    # what the step in flight is doing, and the server log it writes: a step cut off by a time
+    # limit says where it was, with the end of that log (run 20 lost two cut-off vanilla steps)
+    phase: tuple[str, float] = ("", 0.0)
+    log: Path | None = None
 
     @property
     def doc_path(self) -> Path:
         return self.out / "proof.json"
+
+    def _phase(self, what: str, log: Path | None = None) -> None:
+        self.phase = (what, time.monotonic())
+        if log is not None:
+            self.log = log
+
+    def _cut(self, name: str) -> None:
+        what, since = self.phase
+        self.results.setdefault("failed", {})[name] = (
+            f"cut off (time limit) while {what or 'starting'}, "
+            f"{time.monotonic() - since:.0f} s into it" if since else "cut off (time limit)")
+        if self.log and self.log.exists():
+            tail = self.log.read_text(errors="replace").splitlines()[-CUT_LOG_LINES:]
+            self.results.setdefault("cut_log", {})[name] = tail
 
     def load(self) -> None:
         if self.doc_path.exists():
@@ -676,7 +696,13 @@ class Runner:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        self.doc_path.write_text(json.dumps(self.results, indent=1, sort_keys=True) + "\n")
+        text = json.dumps(self.results, indent=1, sort_keys=True) + "\n"
+        self.doc_path.write_text(text)
+        # On the GPU machine the results accumulate in --out across calls while only $OUT comes
+        # back, and a call killed at its limit runs no `cp` after the proof: a copy at every save.
+        mirror = os.environ.get("OUT")
+        if mirror and Path(mirror).is_dir() and Path(mirror).resolve() != self.out.resolve():
+            (Path(mirror) / "proof.json").write_text(text)
 
     def resolved(self, sets: tuple[str, ...] = ()) -> Resolved:
         return resolve(self.plan.tier, overrides=list(sets))
@@ -708,6 +734,8 @@ class Runner:
             t0 = time.monotonic()
             print(f"=== {step.name()} ({step.kind}) {time.strftime('%H:%M:%S')}", flush=True)
             self.results.get("failed", {}).pop(step.name(), None)
+            self.results.get("cut_log", {}).pop(step.name(), None)
+            self.phase, self.log = ("", 0.0), None
             if step.name() in self.results.get("partial", []):
                 self.results["partial"].remove(step.name())
             try:
@@ -716,7 +744,7 @@ class Runner:
                 print(f"[{step.name()}] FAILED: {exc}", flush=True)
                 self.results.setdefault("failed", {})[step.name()] = str(exc)[:2000]
             except KeyboardInterrupt:
-                self.results.setdefault("failed", {})[step.name()] = "cut off (time limit)"
+                self._cut(step.name())
                 self.save()
                 raise
             self.results.setdefault("step_seconds", {})[step.name()] = round(
@@ -821,6 +849,7 @@ class Runner:
         warm = compiled_into(cache)
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
+        self._phase("starting the server", log)
         srv = start(argv, env, log, port)
         try:
             ready = srv.wait_ready()
@@ -828,11 +857,15 @@ class Runner:
                                                              "warm" if warm else "cold"}
             print(f"[{label}] ready after {ready} s ({'warm' if warm else 'cold'} cache)",
                   flush=True)
+            self._phase("the greedy check")
             self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
                                                                   model)
+            self._phase("the row after the start")
             self._settle(label, port, model, r)
+            self._phase("the bench rows")
             self._bench(label, port, model, step.concurrency, r, step.scenarios)
             if step.prompt_tokens:
+                self._phase("the first-token probes")
                 probe = first_token_probes(f"http://127.0.0.1:{port}", model, step.prompt_tokens,
                                            bench.SCENARIOS["chat"].output_len)
                 self.results.setdefault("first_token", {})[label] = probe
@@ -842,6 +875,7 @@ class Runner:
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
         finally:
+            self._phase("stopping the server")
             srv.stop()
             self.results.setdefault("backends", {})[label] = backends(log)
 
@@ -1074,6 +1108,7 @@ class Runner:
                          separators=(",", ":"))
         r, runner, env, port, _ = self._instance(step, f"--profiler-config {cfg}")
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        self._phase("starting the server", self.work / "logs" / f"{label}.log")
         srv = start(runner, env, self.work / "logs" / f"{label}.log", port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n = step.prompt_tokens
@@ -1114,6 +1149,7 @@ class Runner:
                                               temperature=0.0)
                 timed = {"prompt_tokens": n, "first_token_ms": sampled,
                          "first_token_ms_greedy": greedy_ms}
+            self._phase("tracing")
             if streams > 1:
                 decode_streams(url, model, streams, window)
             else:

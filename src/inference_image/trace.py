@@ -14,8 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-# First match wins: a GEMM with an FP8 epilogue is a GEMM, not a quantization.
+# First match wins: a GEMM with an FP8 epilogue is a GEMM, not a quantization; FA3's kernels are
+# Cutlass device kernels of flash:: types, attention before the GEMM rule sees "cutlass".
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash::|FlashAttn", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|matmul|_mm_|sm90_|sm80_", re.I)),
     ("attention", re.compile(r"flash|fmha|attn|attention|reshape_and_cache|paged", re.I)),
     ("quant", re.compile(r"quant|fp8|e4m3", re.I)),
@@ -25,6 +27,7 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                             r"logit|penalt", re.I)),
 )
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+FULL_NAME = 2000
 # vLLM's step annotation: execute_context_N(prompt tokens)_generation_M(tokens); N=0 is decode
 DECODE_STEP = re.compile(r"execute_context_0\(0\)_generation_[1-9]")
 
@@ -104,8 +107,11 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
         "by_kind_ms": {k: round(v / 1e3, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         "by_kind_share": {k: round(v / kernel_total, 4) for k, v in
                           sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        # the whole name too: a Cutlass kernel's tile and cluster shapes are in its template
+        # arguments, and two configurations of one kernel differ nowhere else
         "top_kernels": [{"name": short(n), "kind": kind_of(n, c), "calls": len(d),
-                         "total_ms": round(sum(d) / 1e3, 3), "mean_us": round(sum(d) / len(d), 2)}
+                         "total_ms": round(sum(d) / 1e3, 3), "mean_us": round(sum(d) / len(d), 2),
+                         **({"full_name": n[:FULL_NAME]} if short(n) != n else {})}
                         for (n, c), d in kernels],
         "annotations": {n: {"calls": len(d), "mean_ms": round(sum(d) / len(d) / 1e3, 3)}
                         for n, d in sorted(notes.items(), key=lambda kv: -sum(kv[1]))[:top]},
