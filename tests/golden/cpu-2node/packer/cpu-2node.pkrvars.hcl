@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 78ae5c8117769f572e5513267e99584b22bdc9e301fc6d1ca5eb115d594367b5): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 ebeee0ccde67ea1a5d0e2582c4572dc71d9d203015034aa707087eaec64166c1): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "78ae5c8117769f572e5513267e99584b22bdc9e301fc6d1ca5eb115d594367b5"
+profile_sha256 = "ebeee0ccde67ea1a5d0e2582c4572dc71d9d203015034aa707087eaec64166c1"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 3570ad3a58b4fa9e655e4837f1c2b15f14857967d70fad35b1fe4d9d3d4f40bb): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 087388bbd8dae9016b8f541f84a70a8d65ef5f5b4c4804fa9eaab97c1d88a0b1): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "3570ad3a58b4fa9e655e4837f1c2b15f14857967d70fad35b1fe4d9d3d4f40bb"
+profile_sha256 = "087388bbd8dae9016b8f541f84a70a8d65ef5f5b4c4804fa9eaab97c1d88a0b1"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

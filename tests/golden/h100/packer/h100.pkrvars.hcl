@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 6a591bb480b79c3e1733c493d8f29b6ad4baea26c7e6b815e1db31fcefbb3889): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 5a2bd08b32653fcb0fe58f6384992cbdfacd68444be2e5d28671de821ceb0107): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "6a591bb480b79c3e1733c493d8f29b6ad4baea26c7e6b815e1db31fcefbb3889"
+profile_sha256 = "5a2bd08b32653fcb0fe58f6384992cbdfacd68444be2e5d28671de821ceb0107"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

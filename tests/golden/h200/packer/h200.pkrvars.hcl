@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 c79e407201598a3079e9de6835b239a21fd2368bbc26e038e8c7b0419909ea21): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 845e56450a1e9ef02e5e4acbbb62d2dcb78736ce37ea1bfb9fe4b17d50327a94): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "c79e407201598a3079e9de6835b239a21fd2368bbc26e038e8c7b0419909ea21"
+profile_sha256 = "845e56450a1e9ef02e5e4acbbb62d2dcb78736ce37ea1bfb9fe4b17d50327a94"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

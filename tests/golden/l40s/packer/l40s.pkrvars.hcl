@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 e9d913ee1c00c389c78430b166c500f21805907aa01b2c8614dad517c37d4f51): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 f53c8db96e14497a0f32a63e2b58b78397d73f43e28f1b57aa35e650364c7202): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "e9d913ee1c00c389c78430b166c500f21805907aa01b2c8614dad517c37d4f51"
+profile_sha256 = "f53c8db96e14497a0f32a63e2b58b78397d73f43e28f1b57aa35e650364c7202"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

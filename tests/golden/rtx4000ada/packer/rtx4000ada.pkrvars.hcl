@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 823a2bd63313b233e1eea3d1ddc1d3068280c8c72236614527b6512b2b022435): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 30608d048e8b9e5ccec659a114eadb8d005909b2a30a2a9f3f2896caf15fbff0): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "823a2bd63313b233e1eea3d1ddc1d3068280c8c72236614527b6512b2b022435"
+profile_sha256 = "30608d048e8b9e5ccec659a114eadb8d005909b2a30a2a9f3f2896caf15fbff0"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

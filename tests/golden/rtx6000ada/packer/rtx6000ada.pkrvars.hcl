@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 ca1712b3bcf70dac8bde6e8d8c936ac3140eba3b52de2dc7c19a484971c946a1): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 341df97dea18c2df2c39106ad35589ab4a9f8c819a90c82a9214df6db11b16d6): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "ca1712b3bcf70dac8bde6e8d8c936ac3140eba3b52de2dc7c19a484971c946a1"
+profile_sha256 = "341df97dea18c2df2c39106ad35589ab4a9f8c819a90c82a9214df6db11b16d6"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
