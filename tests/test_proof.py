@@ -216,6 +216,8 @@ def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     q = json.loads((Path(made["70b-fp8static"]) / "config.json").read_text())["quantization_config"]
     acts = q["config_groups"]["group_0"]["input_activations"]
     assert (acts["strategy"], acts["dynamic"]) == ("tensor", False)
+    with pytest.raises(proof.ProofError, match="fp8_scales 'per-block': want one of"):
+        runner.model_for(h200, scales="per-block")
     step = proof.Step("profile", fp8_scales="static-tensor")
     assert proof.Plan.from_json(proof.Plan(steps=[step]).to_json()).steps[0] == step
 

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -479,8 +480,9 @@ def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
     return out
 
 
-def decode_streams(url: str, model: str, c: int, during: Any, prompt_tokens: int = 512,
-                   max_tokens: int = 1024, seed: int = 7, timeout_s: float = 600) -> None:
+def decode_streams(url: str, model: str, c: int, during: Callable[[], None],
+                   prompt_tokens: int = 512, max_tokens: int = 1024, seed: int = 7,
+                   timeout_s: float = 600) -> None:
     """c streamed completions of `prompt_tokens` random ids at once; `during()` runs once every
     one of them has its first token, so the engine's steps from then on are decode steps of c
     sequences (bench's chat row at c after its prefills). max_tokens outlasts what `during` does."""
@@ -727,6 +729,8 @@ class Runner:
         bf16, prefix = TARGETS[target]
         suffix = bf16
         if fp8 and prefix is not None:
+            if scales and scales not in FP8_STANDIN:
+                raise ProofError(f"fp8_scales {scales!r}: want one of {', '.join(FP8_STANDIN)}")
             scales = scales or r.target.fp8_scales or ""
             if scales not in FP8_STANDIN:
                 raise ProofError(f"{target} names no FP8 checkpoint scaling (catalog fp8_scales)")
