@@ -434,16 +434,25 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
     return res
 
 
-def _stream(url: str, body: dict[str, Any]) -> float | None:
-    """Send a streamed completion, read it to the end; ms to its first data line (None: none)."""
+def random_ids(rng: random.Random, n: int) -> list[int]:
+    """A prompt of n token ids inside any catalog model's vocabulary, clear of its special tokens."""
+    return [rng.randrange(1000, 30000) for _ in range(n)]
+
+
+def _stream(url: str, body: dict[str, Any], timeout_s: float = 300,
+            on_first: Callable[[], None] | None = None) -> float | None:
+    """Send a streamed completion, read it to the end; ms to its first data line (None: none).
+    on_first: called the moment that line arrives."""
     req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     first = None
-    with urllib.request.urlopen(req, timeout=300) as resp:
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         for line in resp:
             if first is None and line.startswith(b"data: {"):
                 first = (time.perf_counter() - t0) * 1e3
+                if on_first:
+                    on_first()
     return first
 
 
@@ -456,16 +465,11 @@ def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
     shortens a prefill. after=N: each is sent the moment an N-token answer to another prompt has
     ended, as bench's closed loop at c=1 sends them; pause_s: each after an idle pause instead."""
     rng = random.Random(seed)
-
-    def prompt() -> list[int]:
-        # ids inside any catalog model's vocabulary, clear of its special tokens
-        return [rng.randrange(1000, 30000) for _ in range(tokens)]
-
     out = []
     for _ in range(n):
-        ids = prompt()
+        ids = random_ids(rng, tokens)
         if after:
-            _stream(url, {"model": model, "prompt": prompt(), "max_tokens": after,
+            _stream(url, {"model": model, "prompt": random_ids(rng, tokens), "max_tokens": after,
                           "ignore_eos": True, "stream": True})
         elif pause_s:
             time.sleep(pause_s)
@@ -487,27 +491,23 @@ def decode_streams(url: str, model: str, c: int, during: Callable[[], None],
     one of them has its first token, so the engine's steps from then on are decode steps of c
     sequences (bench's chat row at c after its prefills). max_tokens outlasts what `during` does."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(1000, 30000) for _ in range(prompt_tokens)] for _ in range(c)]
+    prompts = [random_ids(rng, prompt_tokens) for _ in range(c)]
     lock = threading.Lock()
     first = threading.Event()
     started = [0]
     errors: list[BaseException] = []
 
+    def decoding() -> None:
+        with lock:
+            started[0] += 1
+            if started[0] == c:
+                first.set()
+
     def one(ids: list[int]) -> None:
         body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True,
                 "stream": True}
-        req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                seen = False
-                for line in resp:
-                    if not seen and line.startswith(b"data: {"):
-                        seen = True
-                        with lock:
-                            started[0] += 1
-                            if started[0] == c:
-                                first.set()
+            _stream(url, body, timeout_s, on_first=decoding)
         except BaseException as exc:  # reported below, after the others end
             errors.append(exc)
             first.set()
@@ -1131,8 +1131,9 @@ class Runner:
                          separators=(",", ":"))
         r, runner, env, port, _ = self._instance(step, f"--profiler-config {cfg}")
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
-        self._phase("starting the server", self.work / "logs" / f"{label}.log")
-        srv = start(runner, env, self.work / "logs" / f"{label}.log", port)
+        log = self.work / "logs" / f"{label}.log"
+        self._phase("starting the server", log)
+        srv = start(runner, env, log, port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n = step.prompt_tokens
         streams = max(step.concurrency, default=1) if not n else 1
