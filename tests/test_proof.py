@@ -337,6 +337,38 @@ def test_tune_measures_every_fp8_tier_on_the_gpu_model_it_runs_on(tmp_path: Path
         proof.tune_models(resolve("h100", pdir), pdir)
 
 
+def test_a_tuned_table_comes_back_in_proof_json(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only $OUT comes back from the GPU machine: the table `tune` measured travels inside
+    proof.json, whole, beside the files it wrote under --out. The GPU-side tuner is stood in for
+    by a script that writes what `inference_image_vllm.tune` writes (no GPU here)."""
+    mirror = tmp_path / "OUT"
+    mirror.mkdir()
+    monkeypatch.setenv("OUT", str(mirror))
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env python3\n"
+                    "import json, sys\n"
+                    "a = sys.argv\n"
+                    "assert a[1:3] == ['-m', 'inference_image_vllm.tune'], a\n"
+                    "models = [a[i + 1] for i, x in enumerate(a) if x == '--model']\n"
+                    "table = {'device': 'NVIDIA H200', 'capability': '9.0',\n"
+                    "         'shapes': {'8192,8192': [[32, 'cublaslt']]}, 'models': models}\n"
+                    "json.dump(table, open(a[a.index('--table') + 1], 'w'))\n"
+                    "json.dump({'seconds': 1.0}, open(a[a.index('--report') + 1], 'w'))\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    runner = proof.Runner(plan=proof.Plan(tier="h200", steps=[proof.Step("tune")]),
+                          out=tmp_path / "pout", work=tmp_path / "w", model_dir=tmp_path / "m",
+                          python=str(fake))
+    runner.run()
+    doc = json.loads((mirror / "proof.json").read_text())
+    tune = doc["tune"]
+    assert tune["table_doc"] == json.loads((tmp_path / "pout" / "fp8-table.json").read_text())
+    assert tune["table_doc"]["models"] == ["8192,28672,64,8,128,1"]
+    assert tune["shapes"] == ["8192,8192"] and tune["report_doc"] == {"seconds": 1.0}
+    assert "tune" not in doc.get("failed", {})
+
+
 def test_layouts_are_the_splits_that_fit_and_the_choice_follows_the_targets(tmp_path: Path) -> None:
     """h100x8: 70B FP8 does not fit one H100 with its KV cache, so 8 x TP1 is no candidate. The
     choice is the fastest layout at the target concurrency within the TTFT p99 target; one that

@@ -824,9 +824,13 @@ class Runner:
         if proc.returncode:
             table.unlink(missing_ok=True)
             raise ProofError(f"tune: {proc.stderr.strip()[-800:]}")
+        doc = json.loads(table.read_text())
+        # The table and its measurements go into proof.json too: on the GPU machine only $OUT
+        # comes back, and proof.json is what is copied there at every save.
         self.results["tune"] = {"table": str(table), "report": str(report),
-                                "shapes": sorted(json.loads(table.read_text()).get("shapes", {}))}
-        print(self.results["tune"])
+                                "shapes": sorted(doc.get("shapes", {})), "table_doc": doc,
+                                "report_doc": json.loads(report.read_text())}
+        print({k: v for k, v in self.results["tune"].items() if not k.endswith("_doc")})
 
     def step_models(self, step: Step) -> None:
         self.results["models"] = make_models(self.model_dir)
