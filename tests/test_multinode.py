@@ -54,7 +54,7 @@ def test_the_fit_is_checked_per_pipeline_stage() -> None:
     """70B in bf16 does not fit one H200 (weights alone 131 GiB); over two it does, each node
     holding half the layers and their KV cache."""
     bf16 = ["model.quantization=none", "model.speculative.method=none",
-            "model.speculative.draft=null"]
+            "model.speculative.draft=null", "serving.fp8_gemm_dispatch=false"]
     assert "the weights alone do not fit" in errors("h200", bf16)
     assert "or more nodes (serving.nodes)" in errors("h200", bf16)
     two = resolve("h200", overrides=[*bf16, "serving.nodes=2"])

@@ -3,6 +3,7 @@ table is not used. The kernels themselves run on the GPU machine only (`inferenc
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -61,6 +62,27 @@ def test_packaged_table_covers_llama_8b_on_hopper():
     for n, k in t.entries:
         sizes = [m for m, _ in t.entries[(n, k)]]
         assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] >= 64, (n, k, sizes)
+
+
+def test_packaged_h200_table_covers_the_h200_tiers_shapes():
+    """The table an H200 picks by name holds every FP8 GEMM shape the tiers on an H200 serve,
+    as `proof step tune` derives them from the catalog: a target changed in the catalog must be
+    re-tuned, or its GEMMs would silently fall back to Cutlass."""
+    from inference_image_vllm import tune
+
+    from inference_image import proof
+    from inference_image.profiles import resolve
+
+    path = Path(dispatch.__file__).with_name("tables") / dispatch.table_file_name("NVIDIA H200")
+    data = json.loads(path.read_text())
+    args = proof.tune_models(resolve("h200"))
+    models = [tune.model_arg(v) for k, v in itertools.pairwise(args) if k == "--model"]
+    want = {f"{n},{k}" for k, n in tune.all_shapes(models).values()}
+    assert data["device"] == "NVIDIA H200" and data["capability"] == "9.0"
+    assert set(data["shapes"]) == want
+    t = dispatch.Table(str(path))
+    assert all([m for m, _ in rows][:4] == [1, 2, 4, 8] and rows[-1][0] >= 64
+               for rows in t.entries.values())
 
 
 def test_a_table_written_by_tune_is_used_on_its_own_compute_capability(tmp_path, monkeypatch):

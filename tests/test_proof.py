@@ -206,13 +206,23 @@ def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     assert (acts["strategy"], acts["dynamic"]) == ("token", True)
     runner = proof.Runner(plan=proof.Plan(tier="h200"), out=tmp_path, work=tmp_path, model_dir=base)
     h200, h100 = resolve("h200"), resolve("h100")
-    assert runner.model_for(h200) == Path(made["70b-fp8dyn"])
+    assert runner.model_for(h200) == Path(made["70b-fp8static"])
     assert runner.model_for(h200, checkpoint=False) == Path(made["70b"])
     assert runner.model_for(h100) == Path(made["fp8static"])
     assert runner.model_for(h100, checkpoint=False) == base
     # the other scaling of each, to price a checkpoint the catalog does not ship
-    assert runner.model_for(h200, scales="static-tensor") == Path(made["70b-fp8static"])
+    assert runner.model_for(h200, scales="dynamic-token") == Path(made["70b-fp8dyn"])
     assert runner.model_for(h100, scales="dynamic-token") == Path(made["fp8dyn"])
+    # the stand-in follows the catalog's checkpoint: the 70B's per-token one of runs 13-20
+    pdir = tmp_path / "profiles"
+    shutil.copytree(project_root() / "profiles", pdir)
+    cat = pdir / "_catalog.yaml"
+    text = cat.read_text()
+    static = "fp8_hub_id: nvidia/Llama-3.3-70B-Instruct-FP8\n    fp8_scales: static-tensor"
+    assert text.count(static) == 1
+    cat.write_text(text.replace(static, "fp8_hub_id: RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic\n"
+                                        "    fp8_scales: dynamic-token"))
+    assert runner.model_for(resolve("h200", pdir)) == Path(made["70b-fp8dyn"])
     q = json.loads((Path(made["70b-fp8static"]) / "config.json").read_text())["quantization_config"]
     acts = q["config_groups"]["group_0"]["input_activations"]
     assert (acts["strategy"], acts["dynamic"]) == ("tensor", False)
@@ -231,7 +241,7 @@ def test_a_catalog_fp8_checkpoint_says_how_it_scales(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fp8_hub_id needs fp8_scales"):
         CatalogModel(fp8_hub_id="a/b-FP8", **shapes)
     assert CatalogModel(fp8_hub_id="a/b-FP8", fp8_scales="dynamic-token", **shapes).fp8_scales
-    assert resolve("h200").target.fp8_scales == "dynamic-token"
+    assert resolve("h200").target.fp8_scales == "static-tensor"
     assert resolve("h100").target.fp8_scales == "static-tensor"
 
 

@@ -103,7 +103,9 @@ def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_fla
     args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
     assert "--quantization" not in args
     xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
-    assert xv["models_list"][0]["hub_id"] == "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic"
+    target = resolve("h200", ROOT / "profiles").target
+    assert target.fp8_hub_id and target.fp8_hub_id != target.hub_id
+    assert xv["models_list"][0]["hub_id"] == target.fp8_hub_id
     assert xv["nvidia_driver_fabric_manager"] is False and xv["nvidia_driver_branch"] == "580"
 
 

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 ffda594884a666f5412eb7e63a6d6b4f574dc7544d366094421aa0c3f6a776e5): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 152c8a53b7533e8ffea056135663f0985b0689d1ddc4cd89addb3a84807fb360): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "ffda594884a666f5412eb7e63a6d6b4f574dc7544d366094421aa0c3f6a776e5"
+profile_sha256 = "152c8a53b7533e8ffea056135663f0985b0689d1ddc4cd89addb3a84807fb360"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 845e56450a1e9ef02e5e4acbbb62d2dcb78736ce37ea1bfb9fe4b17d50327a94): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 8b62a6bafed61254a2da254cf662de30fde3523136eb97588f76a6c2cdfe5808): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "845e56450a1e9ef02e5e4acbbb62d2dcb78736ce37ea1bfb9fe4b17d50327a94"
+profile_sha256 = "8b62a6bafed61254a2da254cf662de30fde3523136eb97588f76a6c2cdfe5808"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
