@@ -88,9 +88,17 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
             # (a table from another compute capability loads as "none: ...": Cutlass everywhere).
             assert chosen.group(1) == "InferenceImageFP8ScaledMMLinearKernel", \
                 "serving.fp8_gemm_dispatch is on but vLLM chose another FP8 kernel"
-            table = re.search(r"inference-image FP8 dispatch installed \(table: ([^,]+),", log)
+            table = re.search(r"inference-image FP8 dispatch installed \(table: ([^,]+), "
+                              r"measured on ([^)]+)\)", log)
             assert table, "the inference-image vLLM plugin did not log its table"
             assert not table.group(1).startswith("none"), f"no kernel table for this GPU: {table.group(1)}"
+            # The profile's speeds were measured with a table tuned on its own GPU model (tables
+            # are picked by GPU name, then architecture): another chip's table is not what was
+            # measured, though it runs.
+            assert table.group(2).strip().lower() == hw["gpu_model"].lower(), (
+                f"the FP8 table in use ({table.group(1)}) was measured on {table.group(2)}, not "
+                f"{hw['gpu_model']}: tune one on this GPU (inference-image proof step tune) and "
+                "ship it as the plugin's tables/<gpu-name>.json")
     if serving.get("triton_decode_max_tokens"):
         n = serving["triton_decode_max_tokens"]
         assert f"decode batches of <= {n} tokens use Triton attention" in log, \

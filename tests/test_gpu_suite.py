@@ -1,0 +1,62 @@
+"""The gpu suite's reading of a vLLM instance's journal (image_tests/test_gpu.py), on the log lines
+an H200 printed in run 21 (docs/benchmarks/2026-11-24-proof-run21.json, `backends`; the table at
+the image's path): the check passes on the image's own table and fails, naming the fix, on another
+chip's."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "image_tests/test_gpu.py")
+assert spec and spec.loader
+gpu_suite = importlib.util.module_from_spec(spec)
+with warnings.catch_warnings():  # its marks are registered by image_tests/conftest.py, not here
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    spec.loader.exec_module(gpu_suite)
+
+LOG = """Using FlashAttention version 3
+inference-image FP8 dispatch installed (table: {table}, measured on {device})
+Selected InferenceImageFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8
+"""
+H200_TABLE = "/opt/vllm/lib/python3.12/site-packages/inference_image_vllm/tables/nvidia-h200.json"
+PROFILE = {"profile": {"serving": {"flash_attention_3": True, "fp8_gemm_dispatch": True},
+                       "model": {"quantization": "fp8-checkpoint"}},
+           "instances": [{"name": "vllm-0"}]}
+
+
+class Host:
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def run(self, cmd: str) -> Any:
+        assert cmd.startswith("journalctl -u vllm@vllm-0 ")
+        return SimpleNamespace(stdout=self.log, rc=0, stderr="")
+
+
+def check(log: str) -> None:
+    gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(log), PROFILE, {"gpu_model": "NVIDIA H200"})
+
+
+def test_the_tiers_own_table_passes() -> None:
+    check(LOG.format(table=H200_TABLE, device="NVIDIA H200"))
+
+
+def test_another_chips_table_fails_with_the_fix() -> None:
+    hopper = H200_TABLE.replace("nvidia-h200", "hopper")
+    with pytest.raises(AssertionError, match=r"measured on NVIDIA H100 80GB HBM3, not NVIDIA H200: "
+                       r"tune one on this GPU"):
+        check(LOG.format(table=hopper, device="NVIDIA H100 80GB HBM3"))
+
+
+def test_no_table_and_no_plugin_fail() -> None:
+    with pytest.raises(AssertionError, match="no kernel table for this GPU"):
+        check(LOG.format(table="none: /x.json was measured on compute capability 8.9", device="-"))
+    with pytest.raises(AssertionError, match="vLLM chose another FP8 kernel"):
+        check(LOG.format(table=H200_TABLE, device="NVIDIA H200").replace(
+            "InferenceImageFP8ScaledMMLinearKernel", "CutlassFP8ScaledMMLinearKernel"))
