@@ -812,8 +812,8 @@ class Runner:
     def step_tune(self, step: Step) -> None:
         """The plugin's FP8 kernel table measured on this GPU (Cutlass against cuBLASLt and the
         Triton GEMV at every CUDA-graph batch size), written under --out. The proof's serving
-        steps keep measuring the table the image ships; to ship this one, commit it as the
-        plugin's table for the architecture (plugins/vllm/inference_image_vllm/tables/)."""
+        steps keep measuring the table the image ships (unless INFERENCE_IMAGE_FP8_TABLE names
+        this one); to ship it, commit it as the plugin's tables/<gpu-name>.json."""
         self._plugin(None)
         table, report = self.out / "fp8-table.json", self.out / "fp8-report.json"
         self.out.mkdir(parents=True, exist_ok=True)
