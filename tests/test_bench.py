@@ -136,6 +136,25 @@ def test_min_prompts_reaches_the_bench_and_zero_is_refused(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_warm_ups_answer_in_full_only_before_a_scenarios_first_row(tmp_path):
+    """The first row's warm-up serves every context length of its scenario once; the others need
+    only their batch shape, and their measured runs keep the scenario's whole answers."""
+    calls = tmp_path / "calls"
+    fake = ("import json,sys; a=sys.argv; g=lambda k: a[a.index(k)+1]; "
+            f"open({str(calls)!r}, 'a').write(' '.join(('save' if '--save-result' in a else 'warm', "
+            "g('--max-concurrency'), g('--random-output-len'))) + '\\n'); "
+            "'--save-result' in a or sys.exit(0); "
+            "json.dump({'completed': 1, 'output_throughput': 1.0}, "
+            "open(g('--result-dir')+'/'+g('--result-filename'), 'w'))")
+    res = bench.run(url="http://127.0.0.1:9", model="m", tokenizer=None,
+                    scenarios=["chat", "long-form"], concurrency=[1, 8, 64], config="x",
+                    vllm_cmd=[sys.executable, "-c", fake])
+    assert calls.read_text().split("\n")[:-1] == [
+        "warm 1 512", "save 1 512", "warm 8 64", "save 8 512", "warm 64 64", "save 64 512",
+        "warm 1 1024", "save 1 1024", "warm 8 64", "save 8 1024", "warm 64 64", "save 64 1024"]
+    assert f"{bench.WARMUP_SHORT_OUTPUT} tokens" in res["meta"]["warmup"]
+
+
 class _Counters(http.server.BaseHTTPRequestHandler):
     """A vLLM /metrics page whose counters a fake bench raises by GET /add?k=v,..."""
 

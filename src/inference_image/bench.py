@@ -50,6 +50,12 @@ def num_prompts(concurrency: int, per: int, floor: int = MIN_PROMPTS) -> int:
 # (every row's first TTFT, run 16: 35-50 ms where the others took 70-200).
 WARMUP_SEED = 1_000_003
 
+# Output tokens of a warm-up answer after a scenario's first row. The first row's warm-up answers
+# in full, so every context length of the scenario has been served once; after it a warm-up only
+# needs the row's batch shape (CUDA graphs are captured at start for every size). Full answers
+# made the warm-ups the longest part of a 70B proof (run 20: 13-20 s a row at 1024 tokens).
+WARMUP_SHORT_OUTPUT = 64
+
 
 def run_seed(seed: int, sc: Scenario, c: int) -> int:
     """A row's seed: apart per concurrency and per scenario. vLLM's random dataset draws each
@@ -62,15 +68,17 @@ def run_seed(seed: int, sc: Scenario, c: int) -> int:
 def bench_args(
     url: str, model: str, tokenizer: str | None, sc: Scenario, c: int, per: int, seed: int,
     result_dir: Path, result_file: str, floor: int = MIN_PROMPTS, warmup: bool = False,
+    output_len: int | None = None,
 ) -> list[str]:
     """What follows `vllm bench serve` for one scenario at one concurrency; `warmup`: the run
     before it (min(c, 4) prompts of another seed, nothing saved), so that the measured run sends
-    only its own prompts."""
+    only its own prompts; `output_len`: a warm-up's answers, when shorter than the scenario's."""
     n = min(c, 4) if warmup else num_prompts(c, per, floor)
+    out = min(output_len, sc.output_len) if warmup and output_len else sc.output_len
     args = ["--backend", "vllm", "--base-url", url,
             "--model", model, "--dataset-name", "random",
             "--random-input-len", str(sc.input_len - sc.prefix_len),
-            "--random-output-len", str(sc.output_len),
+            "--random-output-len", str(out),
             "--num-prompts", str(n), "--max-concurrency", str(c),
             "--num-warmups", "0", "--ignore-eos",
             "--seed", str(seed + WARMUP_SEED if warmup else seed), "--disable-tqdm"]
@@ -234,17 +242,19 @@ def run(
     meta = {"url": url, "model": model, "config": config, "seed": seed,
             "prompts_per_concurrency": per, "min_prompts": min_prompts, "hourly_usd": hourly_usd,
             "tool": "vllm bench serve", "ignore_eos": True, "one_process": bool(vllm_python),
-            "warmup": f"min(c, 4) prompts of seed + {WARMUP_SEED} before each row"}
+            "warmup": f"min(c, 4) prompts of seed + {WARMUP_SEED} before each row; whole answers "
+                      f"before a scenario's first row, {WARMUP_SHORT_OUTPUT} tokens before the others"}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
         tmp = Path(tmpdir)
         plan: Plan = []
         for s in scenarios:
-            for c in concurrency:
+            for i, c in enumerate(concurrency):
                 sc = SCENARIOS[s]
                 fname = f"{sc.name}-c{c}.json"
                 rs = run_seed(seed, sc, c)
-                plan.append((sc, c, None, bench_args(url, model, tokenizer, sc, c, per, rs, tmp,
-                                                     fname, min_prompts, warmup=True)))
+                plan.append((sc, c, None, bench_args(
+                    url, model, tokenizer, sc, c, per, rs, tmp, fname, min_prompts, warmup=True,
+                    output_len=None if i == 0 else WARMUP_SHORT_OUTPUT)))
                 plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, rs,
                                                       tmp, fname, min_prompts)))
         n_rows = len(plan) // 2
