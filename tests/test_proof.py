@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -681,11 +682,16 @@ def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(
     monkeypatch.setenv("OUT", str(mirror))
     log = tmp_path / "server.log"
     log.write_text("".join(f"line {i}\n" for i in range(100)))
+    term = signal.getsignal(signal.SIGTERM)
 
     def cut(self: proof.Runner, step: proof.Step) -> None:
         self._phase("starting the server", log)
         self._phase("the bench rows")
-        raise KeyboardInterrupt
+        try:  # as `timeout` cuts a step: SIGTERM, then the step's own clean-up moves on
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            self._phase("stopping the server")
 
     monkeypatch.setattr(proof.Runner, "step_info", cut)
     runner = proof.Runner(plan=proof.Plan(steps=[proof.Step("info")]), out=tmp_path / "pout",
@@ -701,3 +707,4 @@ def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(
     runner.run()
     doc = json.loads((mirror / "proof.json").read_text())
     assert "info" not in doc.get("failed", {}) and "info" not in doc.get("cut_log", {})
+    assert signal.getsignal(signal.SIGTERM) is term  # the caller's handler, given back

@@ -681,6 +681,10 @@ class Runner:
     # limit says where it was, with the end of that log (run 20 lost two cut-off vanilla steps)
     phase: tuple[str, float] = ("", 0.0)
     log: Path | None = None
+    # the phase when the signal came: a step's `finally` (stopping its server) moves the phase on
+    # before the cut is recorded (run 22: two steps cut in their bench rows read "while stopping
+    # the server, 3 s into it")
+    cut_at: tuple[str, float] | None = None
 
     @property
     def doc_path(self) -> Path:
@@ -691,8 +695,12 @@ class Runner:
         if log is not None:
             self.log = log
 
+    def _interrupted(self, signum: int, frame: object) -> None:
+        self.cut_at = self.phase
+        raise KeyboardInterrupt
+
     def _cut(self, name: str) -> None:
-        what, since = self.phase
+        what, since = self.cut_at or self.phase
         self.results.setdefault("failed", {})[name] = (
             f"cut off (time limit) while {what or 'starting'}, "
             f"{time.monotonic() - since:.0f} s into it" if since else "cut off (time limit)")
@@ -749,13 +757,21 @@ class Runner:
         self.load()
         # `timeout` (the GPU machine's call limit) sends SIGTERM: end like Ctrl-C, so the step's
         # server is stopped and what was measured is saved.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        before = {sig: signal.signal(sig, self._interrupted)
+                  for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._run_steps()
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    def _run_steps(self) -> None:
         for step in self.plan.steps:
             t0 = time.monotonic()
             print(f"=== {step.name()} ({step.kind}) {time.strftime('%H:%M:%S')}", flush=True)
             self.results.get("failed", {}).pop(step.name(), None)
             self.results.get("cut_log", {}).pop(step.name(), None)
-            self.phase, self.log = ("", 0.0), None
+            self.phase, self.log, self.cut_at = ("", 0.0), None, None
             if step.name() in self.results.get("partial", []):
                 self.results["partial"].remove(step.name())
             try:
