@@ -91,8 +91,13 @@ def test_decode_steps_give_a_steps_cost_by_kind() -> None:
     assert s["decode_steps"] == 2 and s["decode_step_ms"] == 0.1
     assert s["per_decode_step_ms"] == {"gemm": 0.06, "attention": 0.02}
     assert s["gpu_busy_per_decode_step_ms"] == 0.08
-    assert "2 decode steps of 0.1 ms" in trace.table(s)
+    assert s["decode_step_period_ms"] == 0.1
+    assert "2 decode steps of 0.1 ms, one every 0.1 ms" in trace.table(s)
     assert "decode_steps" not in trace.summarize(EVENTS)
+    # the GPU waiting for the host between steps: each step's own time stays, the period grows
+    late = [{**e, "ts": e["ts"] + 50} if e["ts"] >= 100 else e for e in events]
+    s = trace.summarize(late)
+    assert (s["decode_step_ms"], s["decode_step_period_ms"]) == (0.1, 0.15)
 
 
 def test_fa3_is_attention_and_a_cut_name_keeps_its_whole_text() -> None:

@@ -94,7 +94,14 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     # decode steps (no prompt token in them): with a steady batch, what one step costs by kind
     decode = [d for n, d in notes.items() if DECODE_STEP.match(n)]
     steps = sum(len(d) for d in decode)
-    per_step = ({"decode_steps": steps,
+    # how often a step starts: above the step's own GPU time by what the GPU waited for the host
+    # between steps (run 22: two starts of one configuration, the same GPU work a step, one every
+    # 6.0 and 6.6 ms at c=64)
+    starts = sorted(e["ts"] for e in events if e.get("cat") == "gpu_user_annotation"
+                    and "dur" in e and DECODE_STEP.match(e["name"]))
+    period = ({"decode_step_period_ms": round((starts[-1] - starts[0]) / (len(starts) - 1) / 1e3, 3)}
+              if len(starts) > 1 else {})
+    per_step = ({"decode_steps": steps, **period,
                  "decode_step_ms": round(sum(map(sum, decode)) / steps / 1e3, 3),
                  "per_decode_step_ms": {k: round(v / steps / 1e3, 3) for k, v in
                                         sorted(by_kind.items(), key=lambda kv: -kv[1])},
@@ -176,7 +183,9 @@ def table(s: dict[str, Any]) -> str:
     lines += [f"  host {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
               list(s.get("host_annotations", {}).items())[:10]]
     if n := s.get("decode_steps"):
-        lines.append(f"{n} decode steps of {s['decode_step_ms']} ms, GPU busy "
+        every = (f", one every {s['decode_step_period_ms']} ms" if "decode_step_period_ms" in s
+                 else "")
+        lines.append(f"{n} decode steps of {s['decode_step_ms']} ms{every}, GPU busy "
                      f"{s['gpu_busy_per_decode_step_ms']} ms a step: " + ", ".join(
                          f"{k} {v}" for k, v in s["per_decode_step_ms"].items()))
     if m := s.get("median_burst"):
