@@ -155,6 +155,28 @@ def test_warm_ups_answer_in_full_only_before_a_scenarios_first_row(tmp_path):
     assert f"{bench.WARMUP_SHORT_OUTPUT} tokens" in res["meta"]["warmup"]
 
 
+def test_a_scenario_may_bring_its_own_concurrencies(tmp_path):
+    """long-form at the run's list, chat at 2 and 32 only: one server start for both."""
+    calls = tmp_path / "calls"
+    fake = ("import json,sys; a=sys.argv; g=lambda k: a[a.index(k)+1]; "
+            "'--save-result' in a or sys.exit(0); "
+            f"open({str(calls)!r}, 'a').write("
+            "g('--random-output-len') + ' ' + g('--max-concurrency') + '\\n'); "
+            "json.dump({'completed': 1, 'output_throughput': 1.0}, "
+            "open(g('--result-dir')+'/'+g('--result-filename'), 'w'))")
+    res = bench.run(url="http://127.0.0.1:9", model="m", tokenizer=None,
+                    scenarios=["long-form", "chat:2,32"], concurrency=[1, 64], config="x",
+                    vllm_cmd=[sys.executable, "-c", fake])
+    assert [(r["scenario"], r["concurrency"]) for r in res["runs"]] == [
+        ("long-form", 1), ("long-form", 64), ("chat", 2), ("chat", 32)]
+    assert calls.read_text().split() == ["1024", "1", "1024", "64", "512", "2", "512", "32"]
+    r = subprocess.run([sys.executable, "-m", "inference_image.cli", "bench", "run", "--model", "m",
+                        "--scenario", "chat:0", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "after 'chat:' give its concurrencies" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 class _Counters(http.server.BaseHTTPRequestHandler):
     """A vLLM /metrics page whose counters a fake bench raises by GET /add?k=v,..."""
 

@@ -329,6 +329,15 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
     with pytest.raises(SystemExit):
         cli.main(["proof", "step", "vanilla", "--scenario", "essay"])
     assert "'essay' is not a bench scenario: use one of chat" in capsys.readouterr().err
+    # a scenario at concurrencies of its own, and one whose list is not one
+    bad["steps"][0]["scenarios"] = ["long-form", "chat:2,32"]
+    assert proof.Plan.from_json(json.dumps(bad)).steps[0].scenarios == ("long-form", "chat:2,32")
+    bad["steps"][0]["scenarios"] = ["chat:2,x"]
+    with pytest.raises(proof.ProofError, match=r"'chat:2,x': after 'chat:' give its concurrencies"):
+        proof.Plan.from_json(json.dumps(bad))
+    with pytest.raises(SystemExit):
+        cli.main(["proof", "step", "vanilla", "--scenario", "essay:1"])
+    assert "'essay' is not a bench scenario" in capsys.readouterr().err
 
 
 def test_tune_measures_every_fp8_tier_on_the_gpu_model_it_runs_on(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, resolve
-from .schema import SCENARIOS, Scenario, unknown_scenario
+from .schema import SCENARIOS, Scenario, bad_scenario_spec, scenario_spec
 from .vllm_bench_batch import GO, MARK
 
 Num = TypeVar("Num", int, float)
@@ -248,8 +248,9 @@ def run(
         tmp = Path(tmpdir)
         plan: Plan = []
         for s in scenarios:
-            for i, c in enumerate(concurrency):
-                sc = SCENARIOS[s]
+            name, own = scenario_spec(s)
+            for i, c in enumerate(own or concurrency):
+                sc = SCENARIOS[name]
                 fname = f"{sc.name}-c{c}.json"
                 rs = run_seed(seed, sc, c)
                 plan.append((sc, c, None, bench_args(
@@ -472,7 +473,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenarios = ["chat"] if args.quick else (args.scenario or list(SCENARIOS))
-    if why := unknown_scenario(scenarios):
+    if why := bad_scenario_spec(scenarios):
         print(f"error: --scenario {why}", file=sys.stderr)
         return 1
     conc = args.concurrency or (QUICK["concurrency"] if args.quick
@@ -554,7 +555,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--profile", metavar="TIER", help="served model name and $/hour from a tier")
     rp.add_argument("--model", help="served model name (default: the profile's target)")
     rp.add_argument("--tokenizer", help="tokenizer path when the served name is not a hub id")
-    rp.add_argument("--scenario", action="append", help=f"one of {', '.join(SCENARIOS)}; repeat")
+    rp.add_argument("--scenario", action="append",
+                    help=f"one of {', '.join(SCENARIOS)}; repeat; NAME:C1,C2 runs that scenario at "
+                    "its own concurrencies instead of --concurrency's")
     rp.add_argument("--concurrency", type=_ints, help="e.g. 1,2,4,8,16")
     rp.add_argument("--no-saturation", action="store_true", help="skip concurrency 32 and 64")
     rp.add_argument("--quick", action="store_true", help="chat at c=1,4,16 (the throughput suite)")

@@ -47,7 +47,7 @@ from .profiles import (
     resolve,
 )
 from .render import render
-from .schema import CatalogModel, acceptance_problem, unknown_scenario
+from .schema import CatalogModel, acceptance_problem, bad_scenario_spec, scenario_spec
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
                    "served", "trace", "choose", "cannot_start", "assemble"]
@@ -144,7 +144,7 @@ class Plan:
             if s.get("kind") not in KINDS:
                 raise ProofError(f"plan step {i}: kind {s.get('kind')!r} is not one of "
                                  f"{', '.join(KINDS)}")
-            if why := unknown_scenario(s.get("scenarios", ())):
+            if why := bad_scenario_spec(s.get("scenarios", ())):
                 raise ProofError(f"plan step {i}: scenario {why}")
             steps.append(Step(kind=s["kind"], label=s.get("label", ""),
                               sets=tuple(s.get("sets", ())),
@@ -1068,8 +1068,9 @@ class Runner:
             for inst in r.instances:
                 self._settle(f"{label}-{inst.name}", inst.port, model, r)
             with ThreadPoolExecutor(n) as pool:
-                for sc in step.scenarios or ("chat",):
-                    for c in conc:
+                for spec in step.scenarios or ("chat",):
+                    sc, own = scenario_spec(spec)
+                    for c in ([c for c in own if c % n == 0] if own else conc):
                         # every instance at c/n at the same time; a failed bench raises here
                         parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-{sc}-c{c}",
                                              i.port, model, [c // n], r, (sc,))
@@ -1348,7 +1349,7 @@ def _rates(s: str) -> list[float]:
 
 
 def _scenario(s: str) -> str:
-    if why := unknown_scenario([s]):
+    if why := bad_scenario_spec([s]):
         raise argparse.ArgumentTypeError(why)
     return s
 
@@ -1497,5 +1498,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve the target's FP8 stand-in scaled this way instead of as the "
                    "catalog's checkpoint (profile, trace: price a checkpoint of that kind)")
     p.add_argument("--scenario", action="append", default=[], type=_scenario,
-                   help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}")
+                   help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}; "
+                   "NAME:C1,C2 runs it at its own concurrencies instead of --step-concurrency's")
     p.set_defaults(func=cmd_step)

@@ -264,6 +264,35 @@ def unknown_scenario(names: Iterable[str]) -> str | None:
         f"{bad!r} is not a bench scenario: use one of {', '.join(SCENARIOS)}")
 
 
+def scenario_spec(s: str) -> tuple[str, tuple[int, ...]]:
+    """A scenario as `bench` and `proof` take it: NAME, or NAME:C1,C2,... with concurrencies of its
+    own instead of the run's (chat at seven concurrencies and long-form at two against one server:
+    each server start of a 70B costs 70-250 s). ValueError: what is wrong, with the fix."""
+    name, sep, rest = s.partition(":")
+    if why := unknown_scenario([name]):
+        raise ValueError(why)
+    if not sep:
+        return name, ()
+    try:
+        cs = tuple(int(x) for x in rest.split(","))
+    except ValueError:
+        cs = ()
+    if not cs or min(cs) < 1:
+        raise ValueError(f"{s!r}: after '{name}:' give its concurrencies, integers >= 1 separated "
+                         f"by commas (e.g. {name}:2,32)")
+    return name, cs
+
+
+def bad_scenario_spec(specs: Iterable[str]) -> str | None:
+    """The problem with the first of `specs` that scenario_spec refuses; None when none."""
+    for s in specs:
+        try:
+            scenario_spec(s)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 class Targets(Strict):
     scenario: str = "chat"
     concurrency: int = Field(ge=1)
