@@ -717,3 +717,15 @@ def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(
     doc = json.loads((mirror / "proof.json").read_text())
     assert "info" not in doc.get("failed", {}) and "info" not in doc.get("cut_log", {})
     assert signal.getsignal(signal.SIGTERM) is term  # the caller's handler, given back
+
+
+def test_a_layout_whose_scenario_concurrencies_do_not_split_stops_before_a_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """chat at 3 over the h100x8 tier's 4 instances: one line before any server starts."""
+    started: list[object] = []
+    monkeypatch.setattr(proof.Runner, "_start_instances", lambda self, *a: started.append(a))
+    runner = proof.Runner(plan=proof.Plan(tier="h100x8"), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "m")
+    with pytest.raises(proof.ProofError, match=r"no concurrency of chat:3 divides over 4 instances"):
+        runner.step_layout(proof.Step("layout", label="x", scenarios=("long-form", "chat:3")))
+    assert started == []

@@ -1057,9 +1057,15 @@ class Runner:
         label = step.name()
         r, runners, env, cache = self._rendered(step)
         n = len(r.instances)
-        conc = [c for c in (step.concurrency or self.plan.concurrency) if c % n == 0]
-        if not conc:
-            raise ProofError(f"{label}: no concurrency divides over {n} instances")
+        # each scenario's concurrencies (its own, or the step's) that split evenly over the
+        # instances, checked before anything starts
+        plan: list[tuple[str, list[int]]] = []
+        for spec in step.scenarios or ("chat",):
+            sc, own = scenario_spec(spec)
+            cs = [c for c in (own or step.concurrency or self.plan.concurrency) if c % n == 0]
+            if not cs:
+                raise ProofError(f"{label}: no concurrency of {spec} divides over {n} instances")
+            plan.append((sc, cs))
         servers: list[Server] = []
         try:
             self._start_instances(label, r, runners, env, cache, servers)
@@ -1068,9 +1074,8 @@ class Runner:
             for inst in r.instances:
                 self._settle(f"{label}-{inst.name}", inst.port, model, r)
             with ThreadPoolExecutor(n) as pool:
-                for spec in step.scenarios or ("chat",):
-                    sc, own = scenario_spec(spec)
-                    for c in ([c for c in own if c % n == 0] if own else conc):
+                for sc, cs in plan:
+                    for c in cs:
                         # every instance at c/n at the same time; a failed bench raises here
                         parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-{sc}-c{c}",
                                              i.port, model, [c // n], r, (sc,))
