@@ -320,6 +320,20 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
     assert any("as-imaged [long-form]" in line and " 2.00" in line for line in table.splitlines())
     assert any(line.startswith("as-imaged ") and " 1.50" in line for line in table.splitlines())
     assert set(res["roofline_c1"]) == {"vanilla-fp8", "as-imaged"}
+    # vanilla split over steps by scenario, as run 22 did: each row finds its partner, and a
+    # vanilla label with more after "-fp8" is still priced as FP8
+    split = {"bandwidth": {"read_bw_tbs": 4.0},
+             "runs": {"vanilla-fp8-chat": [row("chat", 1, 50.0)],
+                      "vanilla-fp8-lf": [row("long-form", 16, 400.0)],
+                      "as-imaged-lc": [row("chat", 1, 75.0), row("long-form", 16, 800.0)]}}
+    table = proof.assemble(split, resolve("h200"))
+    assert any("as-imaged-lc [long-form]" in line and " 2.00" in line for line in table.splitlines())
+    assert any(line.startswith("as-imaged-lc ") and " 1.50" in line for line in table.splitlines())
+    assert split["roofline_c1"]["vanilla-fp8-chat"] == res["roofline_c1"]["vanilla-fp8"]
+    split["runs"]["as-imaged-lc"].append(row("chat", 32, 900.0))  # no vanilla at c=32
+    row32 = next(line for line in proof.assemble(split, resolve("h200")).splitlines()
+                 if line.startswith("as-imaged-lc ") and " 32 " in line)
+    assert row32.split()[3] == "-"
     plan = proof.Plan(tier="h200", steps=[proof.Step("vanilla", scenarios=("long-form",))])
     assert proof.Plan.from_json(plan.to_json()).steps[0].scenarios == ("long-form",)
     bad = json.loads(plan.to_json())

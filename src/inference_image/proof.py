@@ -1285,9 +1285,12 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     """The summary table (printed last: what the device reply shows), with each config's ratio
     to vanilla, acceptance, and the c=1 share of the memory roofline."""
     runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
-    vanilla = next((c for c in runs if c.startswith("vanilla")), "vanilla")
-    # rows compare with vanilla's of the same scenario and concurrency
-    van = {(x.get("scenario", "chat"), x["concurrency"]): x for x in runs.get(vanilla, [])}
+    # rows compare with vanilla's of the same scenario and concurrency, from whichever vanilla
+    # step served it (run 22 split vanilla by scenario: -sum, -lf); the first label's row wins
+    van: dict[tuple[str, int], dict[str, Any]] = {}
+    for cfg in (c for c in runs if c.startswith("vanilla")):
+        for x in runs[cfg]:
+            van.setdefault((x.get("scenario", "chat"), x["concurrency"]), x)
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
     lines = [f"{(res.get('info') or {}).get('gpu')}  vLLM {(res.get('info') or {}).get('vllm')}  "
@@ -1302,14 +1305,16 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             ratio = x["output_tok_s"] / v["output_tok_s"] if v and v["output_tok_s"] else 0
             al = x.get("acceptance_length")
             name = cfg if sc == "chat" else f"{cfg} [{sc}]"
-            lines.append(f"{name:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{ratio:>7.2f}"
+            # no vanilla row of that scenario and concurrency: a blank, not a ratio of 0
+            shown = f"{ratio:>7.2f}" if ratio else f"{'-':>7}"
+            lines.append(f"{name:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{shown}"
                          f"{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>8.1f}"
                          f"{x['tpot_ms_mean']:>7.2f}{al if al else '':>6}")
         # the roofline's context is chat's (512 in, 512 out)
         c1 = next((x for x in rows if x["concurrency"] == 1
                    and x.get("scenario", "chat") == "chat"), None)
         if bw and c1 and c1["tpot_ms_mean"]:
-            q, kv = ((("fp8" if cfg.endswith("-fp8") else "none"), "auto") if cfg.startswith("vanilla")
+            q, kv = ((("fp8" if "fp8" in cfg.split("-") else "none"), "auto") if cfg.startswith("vanilla")
                      else (r.profile.model.quantization, r.profile.model.kv_cache_dtype))
             ceiling = bw * 1e12 / decode_bytes_per_token(r.target, q, kv, ctx)
             # Output tokens per second of one stream over what one weight read per token allows:
