@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -743,3 +744,41 @@ def test_a_layout_whose_scenario_concurrencies_do_not_split_stops_before_a_start
     with pytest.raises(proof.ProofError, match=r"no concurrency of chat:3 divides over 4 instances"):
         runner.step_layout(proof.Step("layout", label="x", scenarios=("long-form", "chat:3")))
     assert started == []
+
+
+AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
+
+
+def test_a_step_pins_its_clients_apart_from_its_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--client-cpus: the step's server (and what it starts) on the other CPUs, the clients the
+    step starts on the given ones, the proof's own CPUs given back after the step; all CPUs to the
+    clients is one line and starts nothing."""
+    every = sorted(os.sched_getaffinity(0))
+    if len(every) < 2:
+        pytest.skip("needs two CPUs")
+    seen: dict[str, str] = {}
+
+    def step(self: proof.Runner, s: proof.Step) -> None:
+        log = tmp_path / f"{s.name()}.log"
+        srv = proof.start([sys.executable, "-c", AFFINITY], {}, log, free_port(),
+                          cpus=self.server_cpus)
+        srv.proc.wait(30)
+        seen["server"] = log.read_text().strip()
+        seen["client"] = subprocess.run([sys.executable, "-c", AFFINITY], capture_output=True,
+                                        text=True, check=True).stdout.strip()
+
+    monkeypatch.setattr(proof.Runner, "step_profile", step)
+    steps = [proof.Step("profile", label="p", client_cpus=(every[-1],)),
+             proof.Step("profile", label="all", client_cpus=tuple(every))]
+    runner = proof.Runner(plan=proof.Plan(steps=steps), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "m")
+    runner.run()
+    assert seen == {"server": str(every[:-1]), "client": str([every[-1]])}
+    assert runner.results["cpus"]["p"] == {"client": [every[-1]], "server": every[:-1]}
+    assert sorted(os.sched_getaffinity(0)) == every
+    assert "leave at least one for the server" in runner.results["failed"]["all"]
+    assert "all" not in runner.results["cpus"]
+    plan = json.loads(proof.Plan(steps=[proof.Step("tune", client_cpus=(0,))]).to_json())
+    with pytest.raises(proof.ProofError, match="plan step 0: client_cpus: only vanilla, profile"):
+        proof.Plan.from_json(json.dumps(plan))

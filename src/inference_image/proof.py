@@ -15,6 +15,7 @@ the JSON docs/benchmarks/ keeps (one document, written by the `assemble` step).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,8 @@ from .schema import CatalogModel, acceptance_problem, bad_scenario_spec, scenari
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
                    "served", "trace", "choose", "cannot_start", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
+# the steps that start one server and drive it with their own clients (Step.client_cpus)
+PINNABLE = ("vanilla", "profile", "trace")
 STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
@@ -118,6 +121,10 @@ class Step:
     # the target's FP8 stand-in scaled otherwise than the catalog's checkpoint (FP8_STANDIN's
     # keys): what a checkpoint of that kind would serve, before the catalog names one
     fp8_scales: str = ""
+    # CPUs the step's clients (bench, the trace's streams) run on, its server on the others: as
+    # clients on other machines would be (run 22: at c=64 the server's host time a step moved a
+    # row by up to 10 %). Empty: everything shares every CPU, as before.
+    client_cpus: tuple[int, ...] = ()
 
     def name(self) -> str:
         return self.label or self.kind
@@ -155,7 +162,11 @@ class Plan:
                               scenarios=tuple(s.get("scenarios", ())),
                               prompt_tokens=int(s.get("prompt_tokens", 0)),
                               fp8_scales=str(s.get("fp8_scales", "")),
+                              client_cpus=tuple(s.get("client_cpus", ())),
                               args=tuple(s.get("args", ()))))
+            if steps[-1].client_cpus and steps[-1].kind not in PINNABLE:
+                raise ProofError(f"plan step {i}: client_cpus: only {', '.join(PINNABLE)} steps "
+                                 "pin their clients; drop it from this step")
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
                    min_prompts=int(d.get("min_prompts", 16)),
@@ -390,13 +401,16 @@ def compiled_into(cache: Path) -> bool:
     return compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
 
 
-def start(argv: list[str], env: dict[str, str], log: Path, port: int) -> Server:
+def start(argv: list[str], env: dict[str, str], log: Path, port: int,
+          cpus: frozenset[int] | None = None) -> Server:
+    """`cpus`: the server's processes run on these CPUs only (their children inherit them)."""
     if serving(port):
         raise ProofError(f"port {port} already serves: stop that server first (a run cut off by "
                          "a time limit leaves one behind)")
     fh = log.open("wb")
     proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     return Server(proc, port, log, time.monotonic())
 
 
@@ -685,6 +699,8 @@ class Runner:
     # before the cut is recorded (run 22: two steps cut in their bench rows read "while stopping
     # the server, 3 s into it")
     cut_at: tuple[str, float] | None = None
+    # the step's server CPUs while its clients are pinned apart (Step.client_cpus)
+    server_cpus: frozenset[int] | None = None
 
     @property
     def doc_path(self) -> Path:
@@ -694,6 +710,28 @@ class Runner:
         self.phase = (what, time.monotonic())
         if log is not None:
             self.log = log
+
+    @contextlib.contextmanager
+    def _pinned(self, step: Step) -> Iterator[None]:
+        """For a step with client_cpus: this thread, and the clients it starts, on those CPUs;
+        the step's server (start's `cpus`) on every other CPU this process may use."""
+        if not step.client_cpus:
+            yield
+            return
+        every = os.sched_getaffinity(0)
+        client = frozenset(step.client_cpus)
+        if not client < every:
+            raise ProofError(f"{step.name()}: client_cpus {sorted(client)}: give CPUs of "
+                             f"{sorted(every)} and leave at least one for the server")
+        self.server_cpus = frozenset(every - client)
+        self.results.setdefault("cpus", {})[step.name()] = {
+            "client": sorted(client), "server": sorted(self.server_cpus)}
+        os.sched_setaffinity(0, client)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, every)
+            self.server_cpus = None
 
     def _interrupted(self, signum: int, frame: object) -> None:
         self.cut_at = self.phase
@@ -775,7 +813,8 @@ class Runner:
             if step.name() in self.results.get("partial", []):
                 self.results["partial"].remove(step.name())
             try:
-                getattr(self, f"step_{step.kind}")(step)
+                with self._pinned(step):
+                    getattr(self, f"step_{step.kind}")(step)
             except ProofError as exc:
                 print(f"[{step.name()}] FAILED: {exc}", flush=True)
                 self.results.setdefault("failed", {})[step.name()] = str(exc)[:2000]
@@ -890,7 +929,7 @@ class Runner:
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
         self._phase("starting the server", log)
-        srv = start(argv, env, log, port)
+        srv = start(argv, env, log, port, cpus=self.server_cpus)
         try:
             ready = srv.wait_ready()
             self.results.setdefault("ready_s", {})[label] = {"s": ready, "compile_cache":
@@ -1159,7 +1198,7 @@ class Runner:
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
         self._phase("starting the server", log)
-        srv = start(runner, env, log, port)
+        srv = start(runner, env, log, port, cpus=self.server_cpus)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n = step.prompt_tokens
         streams = max(step.concurrency, default=1) if not n else 1
@@ -1364,6 +1403,20 @@ def _scenario(s: str) -> str:
     return s
 
 
+def _cpus(s: str) -> list[int]:
+    """An argparse type: CPU numbers as taskset writes them (12,13 or 12-15)."""
+    cpus: list[int] = []
+    try:
+        for part in s.split(","):
+            lo, _, hi = part.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        cpus = []
+    if not cpus or min(cpus) < 0:
+        raise argparse.ArgumentTypeError(f"{s!r}: give CPU numbers, e.g. 14,15 or 12-15")
+    return sorted(set(cpus))
+
+
 def _rates_arg(s: str) -> str:
     if s != "published":
         _rates(s)
@@ -1434,7 +1487,12 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()),
-                prompt_tokens=args.first_token_prompt, fp8_scales=args.fp8_scales or "")
+                prompt_tokens=args.first_token_prompt, fp8_scales=args.fp8_scales or "",
+                client_cpus=tuple(args.client_cpus or ()))
+    if step.client_cpus and step.kind not in PINNABLE:
+        print(f"error: --client-cpus: only {', '.join(PINNABLE)} steps pin their clients",
+              file=sys.stderr)
+        return 2
     if step.kind == "vanilla":
         # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs
         std = next(s for s in standard_plan(args.tier, [], (1,), (1,)).steps if s.kind == "vanilla")
@@ -1504,6 +1562,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--first-token-prompt", type=int, default=0, metavar="N",
                    help="the first token of N-token prompts: timed idle and right after an "
                    "answer (vanilla, profile), or traced instead of decode (trace)")
+    p.add_argument("--client-cpus", type=_cpus, metavar="CPUS",
+                   help="vanilla, profile, trace: the clients on these CPUs (14,15 or 12-15), the "
+                   "server on the others, as clients on other machines would be")
     p.add_argument("--fp8-scales", choices=list(FP8_STANDIN),
                    help="serve the target's FP8 stand-in scaled this way instead of as the "
                    "catalog's checkpoint (profile, trace: price a checkpoint of that kind)")
