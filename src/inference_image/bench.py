@@ -249,8 +249,8 @@ def run(
         plan: Plan = []
         for s in scenarios:
             name, own = scenario_spec(s)
+            sc = SCENARIOS[name]
             for i, c in enumerate(own or concurrency):
-                sc = SCENARIOS[name]
                 fname = f"{sc.name}-c{c}.json"
                 rs = run_seed(seed, sc, c)
                 plan.append((sc, c, None, bench_args(

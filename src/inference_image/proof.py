@@ -55,6 +55,13 @@ StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "pr
 KINDS: tuple[str, ...] = get_args(StepKind)
 # the steps that start one server and drive it with their own clients (Step.client_cpus)
 PINNABLE = ("vanilla", "profile", "trace")
+
+
+def pin_problem(step: Step) -> str | None:
+    """Why the step cannot pin its clients apart; None when it can (or does not ask to)."""
+    if step.client_cpus and step.kind not in PINNABLE:
+        return f"client_cpus: only {', '.join(PINNABLE)} steps pin their clients; drop it from this step"
+    return None
 STANDIN = Path(__file__).resolve().parent / "standin"
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
@@ -164,9 +171,8 @@ class Plan:
                               fp8_scales=str(s.get("fp8_scales", "")),
                               client_cpus=tuple(s.get("client_cpus", ())),
                               args=tuple(s.get("args", ()))))
-            if steps[-1].client_cpus and steps[-1].kind not in PINNABLE:
-                raise ProofError(f"plan step {i}: client_cpus: only {', '.join(PINNABLE)} steps "
-                                 "pin their clients; drop it from this step")
+            if why := pin_problem(steps[-1]):
+                raise ProofError(f"plan step {i}: {why}")
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
                    min_prompts=int(d.get("min_prompts", 16)),
@@ -1098,13 +1104,13 @@ class Runner:
         n = len(r.instances)
         # each scenario's concurrencies (its own, or the step's) that split evenly over the
         # instances, checked before anything starts
-        plan: list[tuple[str, list[int]]] = []
+        per_scenario: list[tuple[str, list[int]]] = []
         for spec in step.scenarios or ("chat",):
             sc, own = scenario_spec(spec)
             cs = [c for c in (own or step.concurrency or self.plan.concurrency) if c % n == 0]
             if not cs:
                 raise ProofError(f"{label}: no concurrency of {spec} divides over {n} instances")
-            plan.append((sc, cs))
+            per_scenario.append((sc, cs))
         servers: list[Server] = []
         try:
             self._start_instances(label, r, runners, env, cache, servers)
@@ -1113,7 +1119,7 @@ class Runner:
             for inst in r.instances:
                 self._settle(f"{label}-{inst.name}", inst.port, model, r)
             with ThreadPoolExecutor(n) as pool:
-                for sc, cs in plan:
+                for sc, cs in per_scenario:
                     for c in cs:
                         # every instance at c/n at the same time; a failed bench raises here
                         parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-{sc}-c{c}",
@@ -1489,9 +1495,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                 concurrency=tuple(args.step_concurrency or ()),
                 prompt_tokens=args.first_token_prompt, fp8_scales=args.fp8_scales or "",
                 client_cpus=tuple(args.client_cpus or ()))
-    if step.client_cpus and step.kind not in PINNABLE:
-        print(f"error: --client-cpus: only {', '.join(PINNABLE)} steps pin their clients",
-              file=sys.stderr)
+    if why := pin_problem(step):
+        print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
     if step.kind == "vanilla":
         # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs

@@ -80,9 +80,12 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     kernels = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
     notes: dict[str, list[float]] = defaultdict(list)
     host: dict[str, list[float]] = defaultdict(list)  # record_function ranges: time on the CPU
+    starts: list[float] = []  # when each decode step began on the GPU
     for e in events:
         if e.get("cat") == "gpu_user_annotation" and "dur" in e:
             notes[e["name"]].append(e["dur"])
+            if DECODE_STEP.match(e["name"]):
+                starts.append(e["ts"])
         elif e.get("cat") == "user_annotation" and "dur" in e:
             host[e["name"]].append(e["dur"])
     launches: dict[str, int] = defaultdict(int)
@@ -97,8 +100,7 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     # how often a step starts: above the step's own GPU time by what the GPU waited for the host
     # between steps (run 22: two starts of one configuration, the same GPU work a step, one every
     # 6.0 and 6.6 ms at c=64)
-    starts = sorted(e["ts"] for e in events if e.get("cat") == "gpu_user_annotation"
-                    and "dur" in e and DECODE_STEP.match(e["name"]))
+    starts.sort()
     period = ({"decode_step_period_ms": round((starts[-1] - starts[0]) / (len(starts) - 1) / 1e3, 3)}
               if len(starts) > 1 else {})
     per_step = ({"decode_steps": steps, **period,
