@@ -149,6 +149,17 @@ def test_a_published_mean_length_is_used_where_no_per_position_figures_are(tmp_p
     assert imaged and imaged[0].acceptance_length == 1.83 and imaged[0].concurrency == ()
     # the 8B head's per-position figures still win over any length
     assert proof.published_acceptance(resolve("h100")) == (None, (0.74, 0.54, 0.41))
+    assert proof.published_length_range(resolve("h100")) is None
+
+
+@pytest.mark.parametrize(("k", "span"), [(3, (1.62, 1.83)), (1, (1.21, 1.83)), (4, (1.83, 1.83)),
+                                         (5, (1.83, 6.0))])
+def test_a_published_length_bounds_a_chain_of_another_length(k: int,
+                                                             span: tuple[float, float]) -> None:
+    # 1.83 a step with 4 draft tokens: 0.83 accepted tokens, at least k/4 of them in the first k
+    # positions, at most all of them (or k); a longer chain accepts at least as many
+    r = resolve("h200", overrides=[f"model.speculative.num_speculative_tokens={k}"])
+    assert proof.published_length_range(r) == span
 
 
 def test_bad_plan_and_bad_step_names_are_one_line(tmp_path: Path,
@@ -782,3 +793,24 @@ def test_a_step_pins_its_clients_apart_from_its_server(
     plan = json.loads(proof.Plan(steps=[proof.Step("tune", client_cpus=(0,))]).to_json())
     with pytest.raises(proof.ProofError, match="plan step 0: client_cpus: only vanilla, profile"):
         proof.Plan.from_json(json.dumps(plan))
+
+
+def test_a_step_at_the_published_length_records_what_it_bounds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # h200 drafting 1 token at the 70B pair's one published figure (1.83 with 4 draft tokens):
+    # the server speculates at 1.83, and the step says that is the top of 1.21-1.83
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    runner = proof.Runner(plan=proof.Plan(tier="h200"), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "model")
+    step = proof.Step("profile", label="k1", published_acceptance=True,
+                      sets=("model.speculative.num_speculative_tokens=1",))
+    runner._rendered(step)
+    cmd = runner.results["commands"]["k1"]
+    assert cmd["acceptance_length"] == 1.83 and cmd["published_length_range"] == [1.21, 1.83]
+    assert '"synthetic_acceptance_length":1.83' in cmd["argv"].replace("\\", "")
+    assert "a chain of 1 accepts 1.21-1.83 a step; measured at 1.83" in capsys.readouterr().out
+    # at the published chain's own length there is nothing to bound, and nothing is said
+    runner._rendered(proof.Step("profile", label="k4", published_acceptance=True,
+                                sets=("model.speculative.num_speculative_tokens=4",)))
+    assert runner.results["commands"]["k4"]["published_length_range"] == [1.83, 1.83]
+    assert "accepts" not in capsys.readouterr().out

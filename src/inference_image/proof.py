@@ -192,6 +192,23 @@ def published_acceptance(r: Resolved) -> tuple[float | None, tuple[float, ...]]:
     return None, published_rates(r)
 
 
+def published_length_range(r: Resolved) -> tuple[float, float] | None:
+    """What a published mean length says of the profile's chain, where that is all the catalog has:
+    (fewest, most) tokens a step. A figure measured with N draft tokens fixes a chain of k = N; a
+    shorter chain accepts at most that (and at most k + 1), and, since a later position accepts no
+    more often than an earlier one, at least k/N of the accepted draft tokens; a longer chain at
+    least that. The proof measures at the published figure, so at k < N it measures the top of the
+    range and says so. None where the catalog has per-position figures (they cut to k exactly)."""
+    draft = r.draft
+    if draft is None or draft.acceptance_per_position or not draft.acceptance_length:
+        return None
+    length, n = draft.acceptance_length, draft.acceptance_length_tokens or 0
+    k = r.profile.model.speculative.num_speculative_tokens
+    if k >= n:
+        return length, (1.0 + k if k > n else length)
+    return round(1 + (length - 1) * k / n, 2), round(min(length, 1.0 + k), 2)
+
+
 def published_rates(r: Resolved) -> tuple[float, ...]:
     """The draft's published per-position acceptance, cut to the profile's draft tokens: a chain of
     k tokens accepts the first k positions of a longer chain's figures."""
@@ -1040,6 +1057,12 @@ class Runner:
         units = rdir / "etc/inference-image/units"
         length, rates = ((published_acceptance(r)) if step.published_acceptance
                          else (step.acceptance_length, step.acceptance_rates))
+        span = published_length_range(r) if step.published_acceptance else None
+        if span and span[0] != span[1]:
+            k = r.profile.model.speculative.num_speculative_tokens
+            print(f"[{label}] the published length {length} was measured with "
+                  f"{r.draft.acceptance_length_tokens if r.draft else '?'} draft tokens: a chain "
+                  f"of {k} accepts {span[0]}-{span[1]} a step; measured at {length}", flush=True)
         if length is not None or rates:
             for inst in r.instances:
                 with_acceptance(units / f"{inst.name}.args", length, rates)
@@ -1064,6 +1087,7 @@ class Runner:
                                         else {}),
             "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
+            **({"published_length_range": list(span)} if span else {}),
             "profile_sha256": r.digest,
             # the plugin's code is part of what serves: two labels of one render may differ here
             "plugin_sha256": plugin_digest(),
