@@ -814,3 +814,8 @@ def test_a_step_at_the_published_length_records_what_it_bounds(
                                 sets=("model.speculative.num_speculative_tokens=4",)))
     assert runner.results["commands"]["k4"]["published_length_range"] == [1.83, 1.83]
     assert "accepts" not in capsys.readouterr().out
+    # and the summary table says so beside the rows, for k1 only
+    table = proof.assemble({"commands": runner.results["commands"], "runs": {}}, resolve("h200"))
+    said = [ln for ln in table.splitlines() if ln.startswith("acceptance ")]
+    assert said == ["acceptance k1: 1.83 a step, where the published figure allows 1.21-1.83 for "
+                    "this chain"]

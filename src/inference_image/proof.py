@@ -1400,6 +1400,12 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             same = sum(a["text"] == b["text"] for a, b in zip(base, g, strict=False))
             res.setdefault("greedy_vs_draft_off", {})[cfg] = f"{same} of {len(g)} identical"
             lines.append(f"greedy {cfg} vs draft-off: {same} of {len(g)} identical")
+    for cfg, cmd in res.get("commands", {}).items():
+        lo, hi = cmd.get("published_length_range") or (None, None)
+        if lo != hi:
+            # a reader of the table must see that its acceptance is one end of what is published
+            lines.append(f"acceptance {cfg}: {cmd['acceptance_length']} a step, where the published "
+                         f"figure allows {lo}-{hi} for this chain")
     for cfg, x in res.get("after_start", {}).items():
         lines.append(f"after start {cfg}: c={x['concurrency']} {x['output_tok_s']:.1f} tok/s, TTFT "
                      f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
