@@ -672,10 +672,13 @@ def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
+            # the time is taken before the first token goes out: the client may read it and open
+            # the window before this thread runs again (taken after, it read 30 ns late once)
+            sending = time.monotonic()
             self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
             self.wfile.flush()
             with lock:
-                first_sent.append(time.monotonic())
+                first_sent.append(sending)
             # each stream decodes until the window has opened: one that ended first would be a
             # stream the window never saw
             opened_evt.wait(10)
