@@ -1058,10 +1058,10 @@ class Runner:
         length, rates = ((published_acceptance(r)) if step.published_acceptance
                          else (step.acceptance_length, step.acceptance_rates))
         span = published_length_range(r) if step.published_acceptance else None
-        if span and span[0] != span[1]:
+        if span and span[0] != span[1] and r.draft:  # a range implies a draft
             k = r.profile.model.speculative.num_speculative_tokens
             print(f"[{label}] the published length {length} was measured with "
-                  f"{r.draft.acceptance_length_tokens if r.draft else '?'} draft tokens: a chain "
+                  f"{r.draft.acceptance_length_tokens} draft tokens: a chain "
                   f"of {k} accepts {span[0]}-{span[1]} a step; measured at {length}", flush=True)
         if length is not None or rates:
             for inst in r.instances:
