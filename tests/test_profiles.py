@@ -95,6 +95,14 @@ def test_triton_decode_attention_needs_the_flash_attention_backend(pdir):
     assert "serving.triton_decode_max_tokens" in err and "64" in err
 
 
+def test_early_first_token_needs_the_plugin_a_gpu_tier_loads(pdir):
+    (err,) = errors_of("cpu", pdir, overrides=["serving.early_first_token=true"])
+    assert "serving.early_first_token: the rule is part of the project's vLLM plugin" in err
+    assert "Fix: set serving.early_first_token: false" in err
+    assert resolve("h100", pdir, overrides=["serving.early_first_token=true"]).profile.serving \
+        .early_first_token
+
+
 def test_fp8_below_compute_capability_8_9_is_refused(pdir):
     a100 = (pdir / "l40s.yaml").read_text().replace("tier: l40s", "tier: a100").replace(
         'compute_capability: "8.9"', 'compute_capability: "8.0"').replace(

@@ -215,6 +215,15 @@ def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # read by the plugin's register()
 
 
+def test_early_first_token_reaches_the_unit_environment_only_when_set(tmp_path):
+    def env(*overrides: str) -> str:
+        render(resolve("h100", ROOT / "profiles", overrides=list(overrides)), tmp_path)
+        return (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+
+    assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1\n" in env("serving.early_first_token=true")
+    assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN" not in env("serving.early_first_token=false")
+
+
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
     """An instance whose cache disk has less than the rendered minimum free stops at once with a
     line that names it (the fault suite greps the journal for it), instead of failing mid-compile."""

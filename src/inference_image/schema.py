@@ -200,6 +200,10 @@ class Serving(Strict):
         0, ge=0, le=64, description="FlashAttention 3 backend: batches of at most this many tokens, "
         "one query token a sequence, run vLLM's Triton attention kernels instead (speculative "
         "verify steps stay on FA3; 0: off; the project's vLLM plugin)")
+    early_first_token: bool = Field(
+        False, description="a step where every request is still reading its prompt hands back its "
+        "first tokens before vLLM launches the next step (async scheduling launches it first); "
+        "GPU tiers, the project's vLLM plugin")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
     )

@@ -7,7 +7,10 @@ unless the rendered unit environment turns a part on:
   measured table says is faster (dispatch.py);
 - INFERENCE_IMAGE_TRITON_DECODE_TOKENS=N (`serving.triton_decode_max_tokens: N`): batches of
   at most N tokens, one query token a sequence, run vLLM's Triton attention kernels inside its
-  FlashAttention backend (attention.py).
+  FlashAttention backend (attention.py);
+- INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1 (`serving.early_first_token: true`): a step where every
+  request is still reading its prompt hands back its first tokens before vLLM's engine core
+  launches the next step (first_token.py).
 """
 
 import logging
@@ -25,9 +28,13 @@ def triton_decode_tokens() -> int:
     return int(v) if v.isdigit() else 0
 
 
+def early_first_token() -> bool:
+    return os.environ.get("INFERENCE_IMAGE_EARLY_FIRST_TOKEN", "0") == "1"
+
+
 def register() -> None:
     tokens = triton_decode_tokens()
-    if not enabled() and not tokens:
+    if not enabled() and not tokens and not early_first_token():
         return
     try:
         from vllm.platforms import current_platform
@@ -52,3 +59,11 @@ def register() -> None:
             attention.install(tokens)
         except Exception:
             logger.exception("inference-image Triton decode attention not installed; FA3 serves")
+    if early_first_token():
+        try:
+            from . import first_token
+
+            first_token.install()
+        except Exception:
+            logger.exception("inference-image early first token not installed; vLLM's step order "
+                             "serves")

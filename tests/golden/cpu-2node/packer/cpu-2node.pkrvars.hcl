@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 ebeee0ccde67ea1a5d0e2582c4572dc71d9d203015034aa707087eaec64166c1): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 2aebf61fd5a102927bdfae6b3861eb047840a2da5a40aa9a1339572c2e400ea3): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "ebeee0ccde67ea1a5d0e2582c4572dc71d9d203015034aa707087eaec64166c1"
+profile_sha256 = "2aebf61fd5a102927bdfae6b3861eb047840a2da5a40aa9a1339572c2e400ea3"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

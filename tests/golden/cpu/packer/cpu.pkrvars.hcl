@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 087388bbd8dae9016b8f541f84a70a8d65ef5f5b4c4804fa9eaab97c1d88a0b1): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 5d2c32886fad7869782abda4ee04c9d9928a5091f67452327769bb7241db461d): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "087388bbd8dae9016b8f541f84a70a8d65ef5f5b4c4804fa9eaab97c1d88a0b1"
+profile_sha256 = "5d2c32886fad7869782abda4ee04c9d9928a5091f67452327769bb7241db461d"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 5a2bd08b32653fcb0fe58f6384992cbdfacd68444be2e5d28671de821ceb0107): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 8936f7fff994d56404044d0aaedc432476a250a15af3251d72793408038acfbd): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "5a2bd08b32653fcb0fe58f6384992cbdfacd68444be2e5d28671de821ceb0107"
+profile_sha256 = "8936f7fff994d56404044d0aaedc432476a250a15af3251d72793408038acfbd"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

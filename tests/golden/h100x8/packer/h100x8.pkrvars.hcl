@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 152c8a53b7533e8ffea056135663f0985b0689d1ddc4cd89addb3a84807fb360): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 a19334b614c09fbb62e1189a4793fb4c8b9625137863e27106729e1963eb2c5e): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "152c8a53b7533e8ffea056135663f0985b0689d1ddc4cd89addb3a84807fb360"
+profile_sha256 = "a19334b614c09fbb62e1189a4793fb4c8b9625137863e27106729e1963eb2c5e"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 f53c8db96e14497a0f32a63e2b58b78397d73f43e28f1b57aa35e650364c7202): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 775acdf8005e0bb4b0fc05cd34f0e6b2a5614deb3b81ab647cbe548d02af9b50): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "f53c8db96e14497a0f32a63e2b58b78397d73f43e28f1b57aa35e650364c7202"
+profile_sha256 = "775acdf8005e0bb4b0fc05cd34f0e6b2a5614deb3b81ab647cbe548d02af9b50"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 30608d048e8b9e5ccec659a114eadb8d005909b2a30a2a9f3f2896caf15fbff0): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 eaccc2a7b73780a716a8829ddeaf7adcbb5cf3cdffd7cb38be70726e56f0c4e5): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "30608d048e8b9e5ccec659a114eadb8d005909b2a30a2a9f3f2896caf15fbff0"
+profile_sha256 = "eaccc2a7b73780a716a8829ddeaf7adcbb5cf3cdffd7cb38be70726e56f0c4e5"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

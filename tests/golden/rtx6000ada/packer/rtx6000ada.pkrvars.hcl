@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 341df97dea18c2df2c39106ad35589ab4a9f8c819a90c82a9214df6db11b16d6): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 6a9aa4e92476846967db0da7795ba95e8fd0d16bd56bb610eb30829f69cbfda2): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "341df97dea18c2df2c39106ad35589ab4a9f8c819a90c82a9214df6db11b16d6"
+profile_sha256 = "6a9aa4e92476846967db0da7795ba95e8fd0d16bd56bb610eb30829f69cbfda2"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
