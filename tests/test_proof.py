@@ -822,3 +822,18 @@ def test_a_step_at_the_published_length_records_what_it_bounds(
     said = [ln for ln in table.splitlines() if ln.startswith("acceptance ")]
     assert said == ["acceptance k1: 1.83 a step, where the published figure allows 1.21-1.83 for "
                     "this chain"]
+
+
+def test_renders_that_differ_in_a_host_only_setting_share_a_compile_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "model")
+
+    def cache(*sets: str) -> str:
+        env = runner._rendered(proof.Step("profile", label="x", sets=sets))[2]
+        return env["VLLM_CACHE_ROOT"]
+
+    committed = cache()
+    assert cache("serving.early_first_token=true") == committed
+    assert cache("serving.triton_decode_max_tokens=0") != committed  # compiled into the graphs

@@ -63,6 +63,10 @@ def pin_problem(step: Step) -> str | None:
         return f"client_cpus: only {', '.join(PINNABLE)} steps pin their clients; drop it from this step"
     return None
 STANDIN = Path(__file__).resolve().parent / "standin"
+# Profile settings that change only when vLLM's engine reads a step's output, never what it compiles
+# (the plugin's early first token): a render differs from its partner without them only there, so
+# the two share a compile cache.
+HOST_ONLY = ("serving.early_first_token=false",)
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
@@ -1067,9 +1071,10 @@ class Runner:
             for inst in r.instances:
                 with_acceptance(units / f"{inst.name}.args", length, rates)
         self._plugin(units / f"{r.instances[0].name}.env")
-        # One compile cache per render: a synthetic acceptance length changes no graph, so the
-        # lengths after the first start warm (their ready time says so).
-        cache = self.work / f"cache-{r.digest[:12]}"
+        # One compile cache per render, less its HOST_ONLY settings: those and a synthetic
+        # acceptance length change no graph, so the starts after the first are warm (their ready
+        # time says so).
+        cache = self.work / f"cache-{self.resolved((*step.sets, *HOST_ONLY)).digest[:12]}"
         env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
                # the stand-ins' one correction (standin/sitecustomize.py): a weightless EAGLE-3
                # head keeps the lm_head its checkpoint has instead of borrowing the target's
