@@ -101,5 +101,9 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
                 "ship it as the plugin's tables/<gpu-name>.json")
     if serving.get("triton_decode_max_tokens"):
         n = serving["triton_decode_max_tokens"]
-        assert f"decode batches of <= {n} tokens use Triton attention" in log, \
-            "serving.triton_decode_max_tokens is set but the plugin did not install it"
+        assert f"decode batches of <= {n} tokens, one query token a sequence, use Triton " \
+            "attention" in log, "serving.triton_decode_max_tokens is set but the plugin did not " \
+            "install it"
+    if serving.get("early_first_token"):
+        assert "a step that only prefills returns its first tokens before the next step" in log, \
+            "serving.early_first_token is set but the plugin did not install it"

@@ -1,7 +1,7 @@
 """The gpu suite's reading of a vLLM instance's journal (image_tests/test_gpu.py), on the log lines
-an H200 printed in run 21 (docs/benchmarks/2026-11-24-proof-run21.json, `backends`; the table at
-the image's path): the check passes on the image's own table and fails, naming the fix, on another
-chip's."""
+an H200 printed in run 21 and an H100 in run 24 (docs/benchmarks/2026-11-2*-proof-run2*.json,
+`backends`; the table at the image's path): the check passes on the image's own table and fails,
+naming the fix, on another chip's; each plugin part the profile turns on must have logged."""
 
 from __future__ import annotations
 
@@ -60,3 +60,30 @@ def test_no_table_and_no_plugin_fail() -> None:
     with pytest.raises(AssertionError, match="vLLM chose another FP8 kernel"):
         check(LOG.format(table=H200_TABLE, device="NVIDIA H200").replace(
             "InferenceImageFP8ScaledMMLinearKernel", "CutlassFP8ScaledMMLinearKernel"))
+
+
+# run 24, h100 as committed (eft-on-3): the two plugin parts beside the FP8 dispatch
+H100_LOG = LOG.format(table=H200_TABLE.replace("nvidia-h200", "hopper"),
+                      device="NVIDIA H100 80GB HBM3") + """\
+(EngineCore pid=3646) INFO inference-image: decode batches of <= 8 tokens, one query token a \
+sequence, use Triton attention inside the FlashAttention backend
+(EngineCore pid=3646) INFO inference-image: a step that only prefills returns its first tokens \
+before the next step is launched
+"""
+H100 = {"profile": {"serving": {**PROFILE["profile"]["serving"], "triton_decode_max_tokens": 8,
+                                "early_first_token": True},
+                    "model": PROFILE["profile"]["model"]},
+        "instances": PROFILE["instances"]}
+
+
+def check_h100(log: str) -> None:
+    gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(log), H100,
+                                              {"gpu_model": "NVIDIA H100 80GB HBM3"})
+
+
+def test_the_plugin_parts_the_profile_turns_on_logged() -> None:
+    check_h100(H100_LOG)
+    with pytest.raises(AssertionError, match="triton_decode_max_tokens is set but"):
+        check_h100(H100_LOG.replace("<= 8 tokens", "<= 4 tokens"))
+    with pytest.raises(AssertionError, match="early_first_token is set but"):
+        check_h100(H100_LOG.replace("a step that only prefills", "a step"))

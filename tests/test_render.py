@@ -86,6 +86,7 @@ def test_h100_instance_flags(tmp_path):
     assert "INFERENCE_HOST=127.0.0.1\n" in env  # loopback, but on a fleet worker (below)
     assert "INFERENCE_IMAGE_FP8_DISPATCH=1\n" in env  # serving.fp8_gemm_dispatch: the plugin's switch
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # serving.triton_decode_max_tokens
+    assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1\n" in env  # serving.early_first_token
 
 
 def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 8936f7fff994d56404044d0aaedc432476a250a15af3251d72793408038acfbd): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 d088718ffd0ff62b48e7915e41a5db598c8a5cfb6651d14a7e94faf76c357621): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "8936f7fff994d56404044d0aaedc432476a250a15af3251d72793408038acfbd"
+profile_sha256 = "d088718ffd0ff62b48e7915e41a5db598c8a5cfb6651d14a7e94faf76c357621"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
