@@ -5,17 +5,17 @@ reads step N's output, so that the GPU never waits for the host. For the step th
 prompt, that order puts the host's launch of the next step (scheduling, input preparation, the
 target's graph, and with a draft the sampler and the proposer's passes: 1.7 ms of host time a step
 on the h100 profile at c=1, run 15's trace) between the GPU finishing the first token and the
-server sending it, wherever that launch is not over by the time the prefill is. On the h100
-profile it was not: with this rule the first token of a 512-token prompt came 3 ms sooner on
-average at c=1 (run 24, docs/benchmarks.md), with no change in tokens or in tok/s.
+server sending it, wherever that launch is not over by the time the prefill is. On the h100 profile
+that cost showed: with this rule the first token of a 512-token prompt came 3 ms sooner on average
+at c=1 (run 24, docs/benchmarks.md), with the same tokens and tok/s.
 
 This rule changes that order for one kind of step only: one where every request is still reading
 its prompt and at least one finishes it (at c=1, every request's first step, or the last chunk of a
 prompt longer than a step). When such a step is the only one in flight, the engine core waits for
-it, hands its first tokens to the API server, and launches the next step after.
-The price is a GPU pause of one launch after such a step: once a request at c=1, and at higher
-concurrency only where no request is decoding (the first step of a burst). A step that also
-carries decoding requests keeps vLLM's order, so a running batch never pauses for a newcomer.
+it, hands its first tokens to the API server, and launches the next step after. The price is a GPU
+pause of one launch after such a step: once a request at c=1, and at higher concurrency only where
+no request is decoding (the first step of a burst). A step that also carries decoding requests
+keeps vLLM's order, so a running batch never pauses for a newcomer.
 
 The rule reuses vLLM's own code for the wait: it runs vLLM's step again with the scheduler
 reporting nothing to schedule, which makes vLLM block on the step in flight and process its
