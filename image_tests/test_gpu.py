@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from inference_image.profiles import project_root
+
 pytestmark = pytest.mark.suite("gpu")
+
+
+def plugin_lines() -> ModuleType:
+    """The project's vLLM plugin package as this checkout has it (the lines its parts log: its
+    __init__ imports nothing of vLLM or torch)."""
+    init = project_root() / "plugins/vllm/inference_image_vllm/__init__.py"
+    spec = importlib.util.spec_from_file_location("inference_image_vllm_lines", init)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +114,10 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
                 f"the FP8 table in use ({table.group(1)}) was measured on {table.group(2)}, not "
                 f"{hw['gpu_model']}: tune one on this GPU (inference-image proof step tune) and "
                 "ship it as the plugin's tables/<gpu-name>.json")
+    lines = plugin_lines()
     if serving.get("triton_decode_max_tokens"):
-        n = serving["triton_decode_max_tokens"]
-        assert f"decode batches of <= {n} tokens, one query token a sequence, use Triton " \
-            "attention" in log, "serving.triton_decode_max_tokens is set but the plugin did not " \
-            "install it"
+        assert lines.LOG_TRITON_DECODE.format(serving["triton_decode_max_tokens"]) in log, \
+            "serving.triton_decode_max_tokens is set but the plugin did not install it"
     if serving.get("early_first_token"):
-        assert "a step that only prefills returns its first tokens before the next step" in log, \
+        assert lines.LOG_EARLY_FIRST_TOKEN in log, \
             "serving.early_first_token is set but the plugin did not install it"

@@ -18,6 +18,13 @@ import os
 
 logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configured logger
 
+# What a part logs once installed, spelled once: the image's gpu suite looks for these lines in the
+# instance's journal (image_tests/test_gpu.py reads them from here).
+LOG_TRITON_DECODE = ("inference-image: decode batches of <= {} tokens, one query token a sequence, "
+                     "use Triton attention inside the FlashAttention backend")
+LOG_EARLY_FIRST_TOKEN = ("inference-image: a step that only prefills returns its first tokens "
+                         "before the next step is launched")
+
 
 def enabled() -> bool:
     return os.environ.get("INFERENCE_IMAGE_FP8_DISPATCH", "0") == "1"

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from . import LOG_TRITON_DECODE
+
 logger = logging.getLogger("vllm.inference_image_vllm")
 
 _installed = 0
@@ -134,5 +136,4 @@ def install(max_tokens: int) -> None:
     impl_cls.do_kv_cache_update = do_kv_cache_update
     impl_cls.fused_output_quant_supported = fused_output_quant_supported
     _installed = max_tokens
-    logger.info("inference-image: decode batches of <= %d tokens, one query token a sequence, use Triton "
-                "attention inside the FlashAttention backend", max_tokens)
+    logger.info(LOG_TRITON_DECODE.format(max_tokens))

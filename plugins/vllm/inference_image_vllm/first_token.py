@@ -28,6 +28,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from . import LOG_EARLY_FIRST_TOKEN
+
 logger = logging.getLogger("vllm.inference_image_vllm")
 
 Step = Callable[[Any], tuple[Any, bool]]
@@ -89,5 +91,4 @@ def install() -> None:
     # EngineCore.__init__ loads the plugins before it binds step_fn, so its instances take this
     EngineCore.step_with_batch_queue = wrap(EngineCore.step_with_batch_queue)
     _installed = True
-    logger.info("inference-image: a step that only prefills returns its first tokens before the "
-                "next step is launched")
+    logger.info(LOG_EARLY_FIRST_TOKEN)
