@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from . import bench, trace
+from . import bench, stacks, trace
 from .bench import acceptance, engine_counters
 from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
 from .memory import decode_bytes_per_token, weight_bytes
@@ -51,10 +51,10 @@ from .render import render
 from .schema import CatalogModel, acceptance_problem, bad_scenario_spec, scenario_spec
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
-                   "served", "trace", "choose", "cannot_start", "assemble"]
+                   "served", "trace", "stacks", "choose", "cannot_start", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 # the steps that start one server and drive it with their own clients (Step.client_cpus)
-PINNABLE = ("vanilla", "profile", "trace")
+PINNABLE = ("vanilla", "profile", "trace", "stacks")
 
 
 def pin_problem(step: Step) -> str | None:
@@ -400,6 +400,8 @@ SERVED_SEED = 500
 SETTLE_SEED, SETTLE_CONCURRENCY = 700, 4
 # a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
 DECODE_WINDOW_S = 1.0
+# a stack-sampling window (step stacks): ~500 decode steps of the 8B at c=64, at 1 ms a sample
+STACKS_WINDOW_S = 3.0
 # the end of a cut-off step's server log kept in proof.json
 CUT_LOG_LINES = 40
 
@@ -566,6 +568,23 @@ def decode_streams(url: str, model: str, c: int, during: Callable[[], None],
             t.join(timeout_s)
     if errors:
         raise ProofError(f"{url}: a stream failed: {errors[0]}")
+
+
+def parse_engine_steps(text: str) -> tuple[float, float]:
+    """vLLM's engine steps so far (the count of its per-step token histogram) and the tokens it
+    generated, from a Prometheus text page (summed over engines)."""
+    steps = tokens = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:iteration_tokens_total_count"):
+            steps += float(line.rpartition(" ")[2])
+        elif line.startswith("vllm:generation_tokens_total"):
+            tokens += float(line.rpartition(" ")[2])
+    return steps, tokens
+
+
+def engine_steps(url: str) -> tuple[float, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        return parse_engine_steps(resp.read().decode())
 
 
 def first_token_probes(url: str, model: str, tokens: int, answer: int) -> dict[str, Any]:
@@ -1300,6 +1319,57 @@ class Runner:
                   f"{middle(timed['first_token_ms_greedy'])} greedy", flush=True)
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
+
+    def step_stacks(self, step: Step) -> None:
+        """The profile as imaged with proof_stacks.py's sampler in each of its processes: c streams
+        at once (the step's largest concurrency, default 64), sampled every millisecond for
+        STACKS_WINDOW_S once all are decoding: where the host's time goes in a chat row's steady
+        decode at c (stacks.py). The trace times only vLLM's execute_model on the host; this
+        covers the engine core's whole loop, and the API server. The engine's step and token
+        counts over the window turn shares into milliseconds a step."""
+        label = step.name()
+        sdir = self.work / "stacks" / label
+        shutil.rmtree(sdir, ignore_errors=True)
+        sdir.mkdir(parents=True)
+        r, runner, env, port, _ = self._instance(step)
+        env = {**env, "PROOF_STACKS_DIR": str(sdir)}
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        log = self.work / "logs" / f"{label}.log"
+        self._phase("starting the server", log)
+        srv = start(runner, env, log, port, cpus=self.server_cpus)
+        url, model = f"http://127.0.0.1:{port}", r.profile.model.target
+        streams = max(step.concurrency, default=64)
+        counted: dict[str, float] = {}
+
+        def window() -> None:
+            time.sleep(0.2)
+            steps0, tokens0 = engine_steps(url)
+            t0 = time.monotonic()
+            (sdir / "on").touch()
+            time.sleep(STACKS_WINDOW_S)
+            (sdir / "on").unlink()
+            wall = time.monotonic() - t0
+            steps1, tokens1 = engine_steps(url)
+            counted.update(steps=steps1 - steps0, tokens=tokens1 - tokens0, wall_s=round(wall, 3))
+
+        try:
+            srv.wait_ready()
+            greedy(url, model)  # warm-up: anything compiled on first use is compiled now
+            self._phase("sampling")
+            # long answers: the window must end before the first stream does, at c=1 too
+            decode_streams(url, model, streams, window, max_tokens=4096)
+            time.sleep(1.0)  # each sampler writes its file once it sees the flag gone
+        finally:
+            srv.stop()
+        summary = stacks.summarize(stacks.load(sdir))
+        steps = counted.get("steps", 0.0)
+        doc = {"streams": streams, "window_s": counted.get("wall_s"), "engine_steps": steps,
+               "tokens": counted.get("tokens"),
+               "step_period_ms": round(1e3 * counted["wall_s"] / steps, 3) if steps else None,
+               "processes": summary}
+        self.results.setdefault("stacks", {})[label] = doc
+        print(f"[{label}] {streams} streams, {steps:.0f} engine steps in {counted.get('wall_s')} s "
+              f"(a step every {doc['step_period_ms']} ms)\n{stacks.table(summary)}", flush=True)
 
     def step_cannot_start(self, step: Step) -> None:
         """The profile's instance started without the memory it needs (GPU tiers: vLLM's

@@ -13,6 +13,9 @@ Embeddings likewise: the Llama 3.3 70B head is 6144 wide on an 8192-wide target,
 checkpoint carries its own 6144-wide embed_tokens. Under a dummy load vLLM's V2 runner lends it
 the target's (8192 wide) and the first draft step fails ("hidden_states and input_embeds must have
 the same last dimension", seen on an H200). A head narrower than its target owns its embedding.
+
+Where a step sets PROOF_STACKS_DIR (`proof step stacks`), it also starts proof_stacks.py's sampler
+of Python stacks in each process.
 """
 
 from __future__ import annotations
@@ -67,3 +70,11 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _Finder())
+
+# The proof's host-stack sampler (proof_stacks.py), in the servers whose step asks for it.
+try:
+    import proof_stacks
+
+    proof_stacks.install()
+except Exception as exc:  # a measuring aid must never stop a server
+    print(f"inference-image proof: no stack sampler: {exc}", file=sys.stderr, flush=True)
