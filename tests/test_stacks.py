@@ -72,6 +72,9 @@ def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) ->
         # about 1 s of spinning in a 1.5 s window, the rest a wait
         assert 0.4 < main["working"] < 0.95 and main["waiting"] > 0.05, (proc_name, main)
     assert set(by_spinner) == {"spin_parent", "spin_child"}
+    # each process's main thread spun ~1 s of the window on the CPU; the idler used none
+    for p in summary.values():
+        assert 0.5 < p["cpu"]["main"] < 0.95 and len(p["cpu"]) == 1, p["cpu"]
     # the parent's other thread waited all along: left out as idle (working < 2 %)
     parent = next(p for p in summary.values()
                   if stacks.function(p["threads"]["MainThread"]["leaves"][0][0]).endswith(
@@ -82,6 +85,51 @@ def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) ->
          if t == "idler"], 100)
     assert idler["waiting"] > 0 and idler["working"] == 0
     assert "spin_parent" in stacks.table(summary)
+
+
+GIL_BOUND = textwrap.dedent("""
+    import os, threading, time
+
+    def schedule(until):  # pure Python: holds the GIL
+        x = 0
+        while time.perf_counter() < until:
+            x += 1
+
+    def launch():  # lets go of the GIL, briefly
+        time.sleep(0.0001)
+
+    threading.Thread(target=threading.Event().wait, name="idler", daemon=True).start()
+    flag = os.path.join(os.environ["PROOF_STACKS_DIR"], "on")
+    while not os.path.exists(flag):
+        time.sleep(0.01)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        schedule(time.perf_counter() + 0.004)
+        launch()
+    while os.path.exists(flag):
+        time.sleep(0.01)
+    time.sleep(0.5)
+""")
+
+
+def test_gil_bound_work_is_booked_where_it_runs_not_at_the_next_release(tmp_path: Path) -> None:
+    # the engine core's loop: seconds of Python that holds the GIL, then a short call into C that
+    # lets it go. A sampler thread only gets the GIL at that call and would book the Python there.
+    folder = tmp_path / "stacks"
+    folder.mkdir()
+    env = {**os.environ, "PROOF_STACKS_DIR": str(folder),
+           "PYTHONPATH": os.pathsep.join([str(proof.STANDIN), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", GIL_BOUND], env=env)
+    (folder / "on").touch()
+    time.sleep(1.3)
+    (folder / "on").unlink()
+    assert proc.wait(20) == 0
+    (main,) = [p["threads"]["MainThread"] for p in stacks.summarize(stacks.load(folder)).values()]
+    inclusive = dict(main["inclusive"])
+    schedule = next(v for f, v in inclusive.items() if f.endswith(":schedule"))
+    launch = next((v for f, v in inclusive.items() if f.endswith(":launch")), 0.0)
+    # 1 s of the 1.3 s window in the loop, 4 ms of Python to ~0.1-0.2 ms asleep
+    assert schedule > 0.6 and launch < 0.1, inclusive
 
 
 def test_no_folder_no_sampler(tmp_path: Path) -> None:

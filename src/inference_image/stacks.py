@@ -2,10 +2,10 @@
 JSON document per process, each distinct stack of each thread with the seconds it was seen for).
 
 A sample is one look at every thread of a process. Per thread this gives the share of the window
-it spent waiting (its innermost frame one of WAITS: a lock, a queue, a poll, a future), the
-innermost frames that took the rest (a line calling into C shows as that line: a blocking
-`.tolist()` reads as the line that calls it), and for the functions that took the most, what they
-called. Torch-free: it reads JSON.
+it spent waiting (its innermost frame one of WAITS: a lock, a queue, a poll, a future), waiting for
+the GPU (GPU_WAITS: a CUDA event or stream synchronised), the innermost frames that took the rest
+(a line calling into C shows as that line: a blocking `.tolist()` reads as the line that calls
+it), and for the functions that took the most, what they called. Torch-free: it reads JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ WAITS = re.compile(
     r"zmq/.*:Poller\.poll|asyncio/base_events\.py:BaseEventLoop\.run_forever|"
     r"uvloop/|proof_stacks\.py:")
 
+# innermost frames that wait for the GPU: a CUDA event or stream synchronised from Python (a sync
+# hidden in C, behind .item() or .tolist(), shows as its caller's line and reads as work)
+GPU_WAITS = re.compile(r"torch/cuda/(streams|__init__)\.py:(Event\.synchronize|Stream\.synchronize|"
+                       r"synchronize):")
+
 
 def function(frame: str) -> str:
     """`path:qualname` of a `path:qualname:line` frame."""
@@ -42,6 +47,7 @@ def thread_summary(stacks: list[tuple[list[str], float]], total: float, top: int
     seconds (each share below is of those)."""
     seen = sum(n for _, n in stacks)
     waiting = sum(n for frames, n in stacks if frames and WAITS.search(frames[-1]))
+    gpu = sum(n for frames, n in stacks if frames and GPU_WAITS.search(frames[-1]))
     leaves: dict[str, float] = defaultdict(float)
     inclusive: dict[str, float] = defaultdict(float)
     kids: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -66,7 +72,8 @@ def thread_summary(stacks: list[tuple[list[str], float]], total: float, top: int
 
     busiest = [f for f, _ in most(inclusive, len(inclusive)) if not WAITS.search(f + ":")]
     return {
-        "seen": share(seen), "waiting": share(waiting), "working": share(seen - waiting),
+        "seen": share(seen), "waiting": share(waiting), "gpu_waiting": share(gpu),
+        "working": share(seen - waiting - gpu),
         "leaves": [[f, share(n)] for f, n in most(leaves, top)],
         "inclusive": [[f, share(n)] for f, n in most(inclusive, top * 2)],
         "children": {f: [[c, share(n)] for c, n in most(kids[f], 6)]
@@ -86,9 +93,15 @@ def summarize(docs: list[dict[str, Any]], min_working: float = 0.02) -> dict[str
             by_thread[thread].append((stack.split(";") if stack else [], n))
         threads = {t: thread_summary(s, total) for t, s in by_thread.items()}
         threads = {t: s for t, s in threads.items() if s["working"] >= min_working}
+        # CPU time a thread used over the window, as a share of it (the main thread's id is the
+        # pid): near 1, it computed all along; well below, it waited (for the GPU, the GIL)
+        cpu = {("main" if tid == str(doc["pid"]) else f"{name} {tid}"): round(s / total, 3)
+               for tid, (name, s) in doc.get("thread_cpu_s", {}).items() if s / total >= 0.01}
         out[f"{doc['pid']} {doc['title']}"] = {
             "samples": samples, "sampled_s": doc.get("sampled_s"),
-            "interval_s": doc.get("interval_s"), "threads": threads}
+            "interval_s": doc.get("interval_s"), "cpu": cpu,
+            "gc_share": round(sum(doc.get("gc_s", [])) / total, 4),
+            "gc_collections": doc.get("gc_collections"), "threads": threads}
     return out
 
 
@@ -97,9 +110,12 @@ def table(summary: dict[str, Any], leaves: int = 8, children: int = 6) -> str:
     children of the busiest functions."""
     lines: list[str] = []
     for proc, p in summary.items():
+        lines.append(f"{proc[:60]}: CPU over the window {p['cpu']}; garbage collection "
+                     f"{p['gc_share']:.1%} ({p['gc_collections']} collections by generation)")
         for thread, t in p["threads"].items():
             lines.append(f"{proc[:60]} | {thread}: working {t['working']:.0%}, waiting "
-                         f"{t['waiting']:.0%} of {p['samples']} samples ({p['sampled_s']} s)")
+                         f"{t['waiting']:.0%}, on the GPU {t['gpu_waiting']:.0%} of "
+                         f"{p['samples']} samples ({p['sampled_s']} s)")
             for f, s in t["leaves"][:leaves]:
                 lines.append(f"    {s:6.1%}  {f[-100:]}")
             for parent, kids in list(t["children"].items())[:children]:
