@@ -16,7 +16,7 @@ from conftest import ROOT, edit, free_port
 
 from inference_image import render as render_mod
 from inference_image.profiles import list_tiers, resolve
-from inference_image.render import PATHS, RenderError, render
+from inference_image.render import PATHS, RenderError, render, vllm_argv
 
 GOLDEN = ROOT / "tests" / "golden"
 
@@ -223,6 +223,22 @@ def test_early_first_token_reaches_the_unit_environment_only_when_set(tmp_path):
 
     assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1\n" in env("serving.early_first_token=true")
     assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN" not in env("serving.early_first_token=false")
+
+
+def test_several_api_servers_start_from_vllms_cli_before_one_engine(tmp_path):
+    def argv(*overrides: str) -> list[str]:
+        r = resolve("h100", ROOT / "profiles", overrides=list(overrides))
+        return vllm_argv(r, r.instances[0])
+
+    one, two = argv("serving.api_servers=1"), argv("serving.api_servers=2")
+    # one: vLLM's API server module, as every tier rendered before the field
+    assert one[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--api-server-count" not in one
+    # several: only vLLM's CLI starts them (one port, SO_REUSEPORT); the rest of the line is the same
+    assert two[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    i = two.index("--api-server-count")
+    assert two[i + 1] == "2"
+    assert two[4:i] + two[i + 2:] == one[3:]
 
 
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):

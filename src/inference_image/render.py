@@ -116,7 +116,10 @@ def served_model_name(r: Resolved) -> str:
 def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     """The full vLLM command line of one instance. ${VAR} is expanded by inference-run."""
     s, m = r.profile.serving, r.profile.model
-    argv = ["${INFERENCE_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
+    # vLLM starts several API server processes before one engine only from its CLI's `serve`
+    entry = (["vllm.entrypoints.cli.main", "serve"] if s.api_servers > 1
+             else ["vllm.entrypoints.openai.api_server"])
+    argv = ["${INFERENCE_PYTHON}", "-m", *entry,
             "--model", "${MODEL_PATH}",
             "--served-model-name", served_model_name(r),
             "--host", "${INFERENCE_HOST}", "--port", str(inst.port),
@@ -133,6 +136,8 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
         argv += ["--pipeline-parallel-size", str(s.nodes), "--nnodes", str(s.nodes),
                  "--node-rank", "0", "--master-addr", "${INFERENCE_NODE_ADDR}",
                  "--master-port", str(s.node_port), "--distributed-executor-backend", "mp"]
+    if s.api_servers > 1:
+        argv += ["--api-server-count", str(s.api_servers)]
     if s.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if m.dtype != "auto":

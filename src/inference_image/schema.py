@@ -204,6 +204,10 @@ class Serving(Strict):
         False, description="a step where every request is still reading its prompt hands back its "
         "first tokens before vLLM launches the next step (async scheduling launches it first); "
         "GPU tiers, the project's vLLM plugin")
+    api_servers: int = Field(
+        1, ge=1, le=16, description="API server processes in front of each instance's one engine "
+        "(vLLM's --api-server-count, one port): HTTP, detokenizing and streaming spread over "
+        "several cores where one saturates at high concurrency")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
     )

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 2aebf61fd5a102927bdfae6b3861eb047840a2da5a40aa9a1339572c2e400ea3): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 5bc88cf265194d05d2fc11fc78d582249385dd1a1027836f2920d848927e6e93): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "2aebf61fd5a102927bdfae6b3861eb047840a2da5a40aa9a1339572c2e400ea3"
+profile_sha256 = "5bc88cf265194d05d2fc11fc78d582249385dd1a1027836f2920d848927e6e93"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

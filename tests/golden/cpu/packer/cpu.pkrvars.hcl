@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 5d2c32886fad7869782abda4ee04c9d9928a5091f67452327769bb7241db461d): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 1d2dda03447a91f1b243792cc9b92446ae00f2ec293730fa8eddb014fdaab469): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "5d2c32886fad7869782abda4ee04c9d9928a5091f67452327769bb7241db461d"
+profile_sha256 = "1d2dda03447a91f1b243792cc9b92446ae00f2ec293730fa8eddb014fdaab469"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 d088718ffd0ff62b48e7915e41a5db598c8a5cfb6651d14a7e94faf76c357621): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 6494d9787c5e990573e2f9cfe2a257cb911b63ee2a13696645e812678ae534fa): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "d088718ffd0ff62b48e7915e41a5db598c8a5cfb6651d14a7e94faf76c357621"
+profile_sha256 = "6494d9787c5e990573e2f9cfe2a257cb911b63ee2a13696645e812678ae534fa"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 c3a6ba4fef50dfe31fea1d69b7dac065b0a4734ec3ff382bec1e590a2eee0211): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 0222eb7a648af2315e92a46edeac3221506ccd489c2925e930832c79088a72fe): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "c3a6ba4fef50dfe31fea1d69b7dac065b0a4734ec3ff382bec1e590a2eee0211"
+profile_sha256 = "0222eb7a648af2315e92a46edeac3221506ccd489c2925e930832c79088a72fe"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 eaccc2a7b73780a716a8829ddeaf7adcbb5cf3cdffd7cb38be70726e56f0c4e5): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 6efe184d9ab92ed44a09b902fd94fca626ee93f38f61d9caee1294b92d3ffa6c): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "eaccc2a7b73780a716a8829ddeaf7adcbb5cf3cdffd7cb38be70726e56f0c4e5"
+profile_sha256 = "6efe184d9ab92ed44a09b902fd94fca626ee93f38f61d9caee1294b92d3ffa6c"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

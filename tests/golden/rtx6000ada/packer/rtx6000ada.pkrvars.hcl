@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 6a9aa4e92476846967db0da7795ba95e8fd0d16bd56bb610eb30829f69cbfda2): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 4b4622098ddc715f0e79dd917f6356d7a4a4e3182bef5a2a93278c027c8cdb33): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "6a9aa4e92476846967db0da7795ba95e8fd0d16bd56bb610eb30829f69cbfda2"
+profile_sha256 = "4b4622098ddc715f0e79dd917f6356d7a4a4e3182bef5a2a93278c027c8cdb33"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
