@@ -150,8 +150,10 @@ class Sampler:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self.on = False
                 now = thread_cpu()
+                # threads that used any (a server has a hundred that never run)
                 self.cpu_s = {tid: [name, round(cpu - self.cpu_at_on[tid][1], 3)]
-                              for tid, (name, cpu) in now.items() if tid in self.cpu_at_on}
+                              for tid, (name, cpu) in now.items()
+                              if tid in self.cpu_at_on and cpu > self.cpu_at_on[tid][1]}
             armed = on
             time.sleep(0.05)
             if self.samples != self.dumped and (time.monotonic() - last_dump > DUMP_EVERY_S
