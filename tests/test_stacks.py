@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from inference_image import proof, stacks
 
@@ -50,17 +51,23 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) -> None:
+def sampled(tmp_path: Path, script: str, window_s: float) -> list[dict[str, Any]]:
+    """`script` run as a proof server's process is (the proof's sitecustomize first), sampled for
+    window_s as `proof step stacks` samples: what each process wrote."""
     folder = tmp_path / "stacks"
     folder.mkdir()
     env = {**os.environ, "PROOF_STACKS_DIR": str(folder),
            "PYTHONPATH": os.pathsep.join([str(proof.STANDIN), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
     (folder / "on").touch()
-    time.sleep(1.5)
+    time.sleep(window_s)
     (folder / "on").unlink()
     assert proc.wait(20) == 0
-    docs = stacks.load(folder)
+    return stacks.load(folder)
+
+
+def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) -> None:
+    docs = sampled(tmp_path, CHILD, 1.5)
     assert len(docs) == 2, [d.get("title") for d in docs]  # the parent's and the forked child's
     summary = stacks.summarize(docs)
     by_spinner = {}
@@ -80,9 +87,10 @@ def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) ->
                   if stacks.function(p["threads"]["MainThread"]["leaves"][0][0]).endswith(
                       "spin_parent"))
     assert "idler" not in parent["threads"]
+    # only the parent has it (a forked child keeps only the thread that forked)
+    (with_idler,) = [d for d in docs if any(t == "idler" for t, _, _ in d["stacks"])]
     idler = stacks.thread_summary(
-        [(s.split(";"), n) for t, s, n in next(d for d in docs if d["pid"] == proc.pid)["stacks"]
-         if t == "idler"], 100)
+        [(s.split(";"), n) for t, s, n in with_idler["stacks"] if t == "idler"], 100)
     assert idler["waiting"] > 0 and idler["working"] == 0
     assert "spin_parent" in stacks.table(summary)
 
@@ -115,16 +123,8 @@ GIL_BOUND = textwrap.dedent("""
 def test_gil_bound_work_is_booked_where_it_runs_not_at_the_next_release(tmp_path: Path) -> None:
     # the engine core's loop: seconds of Python that holds the GIL, then a short call into C that
     # lets it go. A sampler thread only gets the GIL at that call and would book the Python there.
-    folder = tmp_path / "stacks"
-    folder.mkdir()
-    env = {**os.environ, "PROOF_STACKS_DIR": str(folder),
-           "PYTHONPATH": os.pathsep.join([str(proof.STANDIN), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", GIL_BOUND], env=env)
-    (folder / "on").touch()
-    time.sleep(1.3)
-    (folder / "on").unlink()
-    assert proc.wait(20) == 0
-    (main,) = [p["threads"]["MainThread"] for p in stacks.summarize(stacks.load(folder)).values()]
+    docs = sampled(tmp_path, GIL_BOUND, 1.3)
+    (main,) = [p["threads"]["MainThread"] for p in stacks.summarize(docs).values()]
     inclusive = dict(main["inclusive"])
     schedule = next(v for f, v in inclusive.items() if f.endswith(":schedule"))
     launch = next((v for f, v in inclusive.items() if f.endswith(":launch")), 0.0)
