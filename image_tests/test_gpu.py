@@ -25,6 +25,14 @@ def plugin_lines() -> ModuleType:
     return module
 
 
+def line_pattern(template: str) -> re.Pattern[str]:
+    """A plugin line with {fields} (LOG_FP8_DISPATCH) as a pattern: each field a named group that
+    ends where the template's next literal text begins."""
+    parts = re.split(r"\{(\w+)\}", template)
+    return re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)"
+                              for i, p in enumerate(parts)))
+
+
 @pytest.fixture(scope="module")
 def hw(profile: dict[str, Any]) -> dict[str, Any]:
     h = profile["profile"]["hardware"]
@@ -93,6 +101,7 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
     if serving["flash_attention_3"]:
         assert "FlashAttention version 3" in log or ("FLASH_ATTN" in log and "version 3" in log), \
             "vLLM did not log FlashAttention 3"
+    lines = plugin_lines()
     if profile["profile"]["model"]["quantization"].startswith("fp8"):
         # e.g. "Selected CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8" (checkpoint)
         # or "... for Fp8PerTensorOnlineLinearMethod" (online): an FP8 GEMM kernel was chosen.
@@ -103,18 +112,17 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
             # (a table from another compute capability loads as "none: ...": Cutlass everywhere).
             assert chosen.group(1) == "InferenceImageFP8ScaledMMLinearKernel", \
                 "serving.fp8_gemm_dispatch is on but vLLM chose another FP8 kernel"
-            table = re.search(r"inference-image FP8 dispatch installed \(table: ([^,]+), "
-                              r"measured on ([^)]+)\)", log)
+            table = line_pattern(lines.LOG_FP8_DISPATCH).search(log)
             assert table, "the inference-image vLLM plugin did not log its table"
-            assert not table.group(1).startswith("none"), f"no kernel table for this GPU: {table.group(1)}"
+            source, device = table.group("table"), table.group("device")
+            assert not source.startswith("none"), f"no kernel table for this GPU: {source}"
             # The profile's speeds were measured with a table tuned on its own GPU model (tables
             # are picked by GPU name, then architecture): another chip's table is not what was
             # measured, though it runs.
-            assert table.group(2).strip().lower() == hw["gpu_model"].lower(), (
-                f"the FP8 table in use ({table.group(1)}) was measured on {table.group(2)}, not "
+            assert device.strip().lower() == hw["gpu_model"].lower(), (
+                f"the FP8 table in use ({source}) was measured on {device}, not "
                 f"{hw['gpu_model']}: tune one on this GPU (inference-image proof step tune) and "
                 "ship it as the plugin's tables/<gpu-name>.json")
-    lines = plugin_lines()
     if serving.get("triton_decode_max_tokens"):
         assert lines.LOG_TRITON_DECODE.format(serving["triton_decode_max_tokens"]) in log, \
             "serving.triton_decode_max_tokens is set but the plugin did not install it"

@@ -24,6 +24,9 @@ LOG_TRITON_DECODE = ("inference-image: decode batches of <= {} tokens, one query
                      "use Triton attention inside the FlashAttention backend")
 LOG_EARLY_FIRST_TOKEN = ("inference-image: a step that only prefills returns its first tokens "
                          "before the next step is launched")
+# {table}: the table's path ("none: <why>" where no table fits the chip); {device}: the GPU it was
+# measured on ("-" for none)
+LOG_FP8_DISPATCH = "inference-image FP8 dispatch installed (table: {table}, measured on {device})"
 
 
 def enabled() -> bool:

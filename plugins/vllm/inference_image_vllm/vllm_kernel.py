@@ -13,7 +13,7 @@ import torch
 from vllm.model_executor.kernels.linear.scaled_mm.cutlass import CutlassFP8ScaledMMLinearKernel
 from vllm.platforms import current_platform
 
-from . import dispatch
+from . import LOG_FP8_DISPATCH, dispatch
 
 logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configured logger
 _lib = torch.library.Library("inference_image", "FRAGMENT")
@@ -108,6 +108,4 @@ def install() -> None:
     if InferenceImageFP8ScaledMMLinearKernel not in kernels:
         kernels.insert(0, InferenceImageFP8ScaledMMLinearKernel)
     _installed = True
-    logger.info(
-        "inference-image FP8 dispatch installed (table: %s, measured on %s)", t.source, t.device or "-"
-    )
+    logger.info(LOG_FP8_DISPATCH.format(table=t.source, device=t.device or "-"))
