@@ -1356,9 +1356,10 @@ class Runner:
             srv.wait_ready()
             greedy(url, model)  # warm-up: anything compiled on first use is compiled now
             self._phase("sampling")
-            # answers that outlast the window at c=1 too (~4 s at 2 ms a token), yet end soon after
-            # it at c=64 (run 25's 4096 ran past a step's time limit while finishing)
-            decode_streams(url, model, streams, window, max_tokens=2048)
+            # answers that outlast the window at c=1 too (the h100 image: ~6 s at 2 ms a token),
+            # yet end soon after it at c=64 (run 25's 4096, ~30 s there, ran one step past its
+            # time limit while finishing)
+            decode_streams(url, model, streams, window, max_tokens=3072)
             time.sleep(1.0)  # each sampler writes its file once it sees the flag gone
         finally:
             srv.stop()
