@@ -969,13 +969,24 @@ class Runner:
                          hourly_usd=(r.profile.digitalocean.price_per_gpu_hour if r else 0.0),
                          **extra)["runs"]
 
-    def _serve(self, label: str, argv: list[str], env: dict[str, str], port: int, model: str,
-               step: Step, r: Resolved | None, cache: Path) -> None:
-        warm = compiled_into(cache)
+    def _start(self, label: str, argv: list[str], env: dict[str, str], port: int) -> Server:
+        """A step's server, its log under work/logs/LABEL.log, on the server's CPUs."""
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         log = self.work / "logs" / f"{label}.log"
         self._phase("starting the server", log)
-        srv = start(argv, env, log, port, cpus=self.server_cpus)
+        return start(argv, env, log, port, cpus=self.server_cpus)
+
+    def _fresh(self, kind: str, label: str) -> Path:
+        """An empty folder work/KIND/LABEL for what a step's server writes (a trace, samples)."""
+        folder = self.work / kind / label
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
+
+    def _serve(self, label: str, argv: list[str], env: dict[str, str], port: int, model: str,
+               step: Step, r: Resolved | None, cache: Path) -> None:
+        warm = compiled_into(cache)
+        srv = self._start(label, argv, env, port)
         try:
             ready = srv.wait_ready()
             self.results.setdefault("ready_s", {})[label] = {"s": ready, "compile_cache":
@@ -1002,7 +1013,7 @@ class Runner:
         finally:
             self._phase("stopping the server")
             srv.stop()
-            self.results.setdefault("backends", {})[label] = backends(log)
+            self.results.setdefault("backends", {})[label] = backends(srv.log)
 
     def _settle(self, label: str, port: int, model: str, r: Resolved | None) -> None:
         """A server's first requests after its start are slower than the rest, the image's more
@@ -1241,18 +1252,13 @@ class Runner:
         a time, timed first without the profiler (first_tokens), so the trace explains a measured
         TTFT."""
         label = step.name()
-        tdir = self.work / "trace" / label
-        shutil.rmtree(tdir, ignore_errors=True)
-        tdir.mkdir(parents=True)
+        tdir = self._fresh("trace", label)
         # no spaces: inference-run splits INFERENCE_EXTRA_ARGS on them
         cfg = json.dumps({"profiler": "torch", "torch_profiler_dir": str(tdir),
                           "torch_profiler_with_stack": False, "ignore_frontend": True},
                          separators=(",", ":"))
         r, runner, env, port, _ = self._instance(step, f"--profiler-config {cfg}")
-        (self.work / "logs").mkdir(parents=True, exist_ok=True)
-        log = self.work / "logs" / f"{label}.log"
-        self._phase("starting the server", log)
-        srv = start(runner, env, log, port, cpus=self.server_cpus)
+        srv = self._start(label, runner, env, port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n = step.prompt_tokens
         streams = max(step.concurrency, default=1) if not n else 1
@@ -1328,15 +1334,9 @@ class Runner:
         covers the engine core's whole loop, and the API server. The engine's step and token
         counts over the window turn shares into milliseconds a step."""
         label = step.name()
-        sdir = self.work / "stacks" / label
-        shutil.rmtree(sdir, ignore_errors=True)
-        sdir.mkdir(parents=True)
+        sdir = self._fresh("stacks", label)
         r, runner, env, port, _ = self._instance(step)
-        env = {**env, "PROOF_STACKS_DIR": str(sdir)}
-        (self.work / "logs").mkdir(parents=True, exist_ok=True)
-        log = self.work / "logs" / f"{label}.log"
-        self._phase("starting the server", log)
-        srv = start(runner, env, log, port, cpus=self.server_cpus)
+        srv = self._start(label, runner, {**env, "PROOF_STACKS_DIR": str(sdir)}, port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         streams = max(step.concurrency, default=64)
         counted: dict[str, float] = {}

@@ -24,7 +24,7 @@ WAITS = re.compile(
     r"queue\.py:Queue\.get|selectors\.py:|multiprocessing/connection\.py:|"
     r"concurrent/futures/_base\.py:Future\.result|zmq/.*:(Socket\.)?(poll|recv\w*)|"
     r"zmq/.*:Poller\.poll|asyncio/base_events\.py:BaseEventLoop\.run_forever|"
-    r"uvloop/|proof_stacks\.py:")
+    r"uvloop/")
 
 # innermost frames that wait for the GPU: a CUDA event or stream synchronised from Python (a sync
 # hidden in C, behind .item() or .tolist(), shows as its caller's line and reads as work)
@@ -45,16 +45,19 @@ def thread_summary(stacks: list[tuple[list[str], float]], total: float, top: int
                    children_of: int = 8) -> dict[str, Any]:
     """stacks: (frames outermost first, seconds seen) of one thread; total: the process's sampled
     seconds (each share below is of those)."""
-    seen = sum(n for _, n in stacks)
-    waiting = sum(n for frames, n in stacks if frames and WAITS.search(frames[-1]))
-    gpu = sum(n for frames, n in stacks if frames and GPU_WAITS.search(frames[-1]))
+    seen = waiting = gpu = 0.0
     leaves: dict[str, float] = defaultdict(float)
     inclusive: dict[str, float] = defaultdict(float)
     kids: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for frames, n in stacks:
+        seen += n
         if not frames:
             continue
         leaves[frames[-1]] += n
+        if WAITS.search(frames[-1]):
+            waiting += n
+        elif GPU_WAITS.search(frames[-1]):
+            gpu += n
         funcs = [function(f) for f in frames]
         for f in set(funcs):
             inclusive[f] += n

@@ -79,7 +79,7 @@ class Sampler:
         self.gc_s = [0.0, 0.0, 0.0]
         self.gc_n = [0, 0, 0]
         self._gc_t0 = 0.0
-        self.on = False
+        self.on = False  # the timer is armed (the watcher's state; on_gc reads it)
         # each thread's CPU seconds over the window (/proc: utime + stime), by native id
         self.cpu_at_on: dict[str, tuple[str, float]] = {}
         self.cpu_s: dict[str, list[Any]] = {}
@@ -137,16 +137,15 @@ class Sampler:
         self.watcher = threading.get_ident()
         flag = os.path.join(self.folder, "on")
         last_dump = time.monotonic()
-        armed = False
         while True:
             self.names = {t.ident: t.name for t in threading.enumerate() if t.ident}
             on = os.path.exists(flag)
-            if on and not armed:
+            if on and not self.on:
                 self.last = None
                 self.cpu_at_on = thread_cpu()
                 self.on = True
                 signal.setitimer(signal.ITIMER_REAL, self.interval_s, self.interval_s)
-            elif armed and not on:
+            elif self.on and not on:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self.on = False
                 now = thread_cpu()
@@ -154,7 +153,6 @@ class Sampler:
                 self.cpu_s = {tid: [name, round(cpu - self.cpu_at_on[tid][1], 3)]
                               for tid, (name, cpu) in now.items()
                               if tid in self.cpu_at_on and cpu > self.cpu_at_on[tid][1]}
-            armed = on
             time.sleep(0.05)
             if self.samples != self.dumped and (time.monotonic() - last_dump > DUMP_EVERY_S
                                                 or not on):
