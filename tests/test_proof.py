@@ -838,3 +838,18 @@ def test_renders_that_differ_in_a_host_only_setting_share_a_compile_cache(
     assert cache("serving.early_first_token=true") == committed
     assert cache("serving.api_servers=2") == committed
     assert cache("serving.triton_decode_max_tokens=0") != committed  # compiled into the graphs
+
+
+def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 26's first assemble crashed: vanilla recorded its command as a list where every other
+    step records a dict, and the table asks each entry for its acceptance range."""
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    monkeypatch.setattr(proof.Runner, "_serve", lambda self, *a, **kw: None)
+    runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "model")
+    runner.step_vanilla(proof.Step("vanilla"))
+    runner._rendered(proof.Step("profile", label="as-imaged", published_acceptance=True))
+    cmd = runner.results["commands"]["vanilla"]
+    assert "vllm.entrypoints.cli.main serve" in cmd["argv"] and "--load-format dummy" in cmd["argv"]
+    assert proof.assemble(runner.results, resolve("h100")).splitlines()[1].startswith("config")

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1041,7 +1042,9 @@ class Runner:
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
                 str(self.model_for(r, checkpoint=False)), "--load-format", "dummy",
                 "--served-model-name", name, "--port", str(port), *step.args]
-        self.results.setdefault("commands", {})[step.name()] = argv
+        # the profile steps' shape (a dict with its argv as one shell line): the summary table
+        # reads every step's entry alike, and a list here crashed it after run 26's vanilla step
+        self.results.setdefault("commands", {})[step.name()] = {"sets": [], "argv": shlex.join(argv)}
         self._serve(step.name(), argv, self._cache_env(cache), port, name, step, None, cache)
 
     def _plugin(self, env_file: Path | None) -> None:
