@@ -95,6 +95,15 @@ def test_triton_decode_attention_needs_the_flash_attention_backend(pdir):
     assert "serving.triton_decode_max_tokens" in err and "64" in err
 
 
+def test_ngram_gpu_needs_a_gpu_and_no_draft(pdir):
+    (err,) = errors_of("cpu", pdir, overrides=["model.speculative.method=ngram_gpu"])
+    assert "model.speculative.method: ngram_gpu matches n-grams on a GPU" in err
+    assert "Fix: use method: ngram" in err
+    # the h100's EAGLE-3 head left in place: a lookup has no draft model to load
+    (err,) = errors_of("h100", pdir, overrides=["model.speculative.method=ngram_gpu"])
+    assert "model.speculative.draft: method ngram_gpu uses no draft model" in err
+
+
 def test_early_first_token_needs_the_plugin_a_gpu_tier_loads(pdir):
     (err,) = errors_of("cpu", pdir, overrides=["serving.early_first_token=true"])
     assert "serving.early_first_token: the rule is part of the project's vLLM plugin" in err

@@ -89,6 +89,16 @@ def test_h100_instance_flags(tmp_path):
     assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1\n" in env  # serving.early_first_token
 
 
+def test_prompt_lookup_on_the_gpu_renders_without_a_draft(tmp_path):
+    r = resolve("h100", ROOT / "profiles", overrides=["model.speculative.method=ngram_gpu",
+                                                      "model.speculative.draft=null"])
+    render(r, tmp_path)
+    args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    assert "DRAFT_PATH" not in (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+
+
 def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):
     render(resolve("l40s", ROOT / "profiles"), tmp_path)
     args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()

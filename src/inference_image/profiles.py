@@ -438,7 +438,7 @@ def _check(
     if spec.method in ("draft_model", "eagle3"):
         if spec.draft is None:
             err("model.speculative.draft", f"method {spec.method} needs a draft model",
-                f"name one from {catalog_file}, or use method ngram or none")
+                f"name one from {catalog_file}, or use method ngram, ngram_gpu or none")
         elif spec.draft not in catalog.models:
             err("model.speculative.draft", f"{spec.draft!r} is not in {catalog_file}",
                 f"use one of: {known}")
@@ -467,6 +467,9 @@ def _check(
         if s.early_first_token:
             err("serving.early_first_token", "the rule is part of the project's vLLM plugin, "
                 "which the cpu tier's vLLM does not load", "set serving.early_first_token: false")
+        if spec.method == "ngram_gpu":
+            err("model.speculative.method", "ngram_gpu matches n-grams on a GPU, and the cpu tier "
+                "has none", "use method: ngram (the same lookup on the host)")
     else:
         if not hw.gpu_model or not cc:
             err("hardware.compute_capability", "a GPU tier needs gpu_model and compute_capability",

@@ -161,7 +161,7 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     if spec.method != "none":
         cfg: dict[str, Any] = {"method": spec.method,
                                "num_speculative_tokens": spec.num_speculative_tokens}
-        if spec.method == "ngram":
+        if spec.method in ("ngram", "ngram_gpu"):
             cfg["prompt_lookup_max"] = spec.prompt_lookup_max
         else:
             cfg["model"] = "${DRAFT_PATH}"

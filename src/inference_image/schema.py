@@ -144,10 +144,12 @@ class Versions(Strict):
 
 
 class Speculative(Strict):
-    method: Literal["none", "ngram", "draft_model", "eagle3"] = "none"
+    # ngram_gpu: vLLM's prompt lookup matched on the GPU instead of in the engine's Python, for the
+    # host-bound high-concurrency steps (docs/decisions.md, "Prompt lookup and suffix decoding")
+    method: Literal["none", "ngram", "ngram_gpu", "draft_model", "eagle3"] = "none"
     draft: Name | None = Field(None, description="catalog name of the draft model or EAGLE head")
     num_speculative_tokens: int = Field(3, ge=1, le=16)
-    prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram only")
+    prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram and ngram_gpu only")
 
 
 class ModelSel(Strict):
