@@ -853,3 +853,6 @@ def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
     cmd = runner.results["commands"]["vanilla"]
     assert "vllm.entrypoints.cli.main serve" in cmd["argv"] and "--load-format dummy" in cmd["argv"]
     assert proof.assemble(runner.results, resolve("h100")).splitlines()[1].startswith("config")
+    # and the raw files of runs up to 26, where vanilla's entry is the argv list, still read
+    runner.results["commands"]["vanilla"] = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert proof.assemble(runner.results, resolve("h100")).splitlines()[1].startswith("config")
