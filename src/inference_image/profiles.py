@@ -435,7 +435,7 @@ def _check(
         err("model.target", f"{m.target!r} is not in {catalog_file}", f"use one of: {known}")
     spec = m.speculative
     draft = None
-    if spec.method in ("draft_model", "eagle3"):
+    if spec.uses_draft:
         if spec.draft is None:
             err("model.speculative.draft", f"method {spec.method} needs a draft model",
                 f"name one from {catalog_file}, or use method ngram, ngram_gpu or none")

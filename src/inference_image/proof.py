@@ -1481,8 +1481,9 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             res.setdefault("greedy_vs_draft_off", {})[cfg] = f"{same} of {len(g)} identical"
             lines.append(f"greedy {cfg} vs draft-off: {same} of {len(g)} identical")
     for cfg, cmd in res.get("commands", {}).items():
-        # runs up to 26 recorded a vanilla step's command as a bare argv list
-        lo, hi = (cmd.get("published_length_range") if isinstance(cmd, dict) else None) or (None, None)
+        if not isinstance(cmd, dict):
+            continue  # runs up to 26 recorded a vanilla step's command as a bare argv list
+        lo, hi = cmd.get("published_length_range") or (None, None)
         if lo != hi:
             # a reader of the table must see that its acceptance is one end of what is published
             lines.append(f"acceptance {cfg}: {cmd['acceptance_length']} a step, where the published "

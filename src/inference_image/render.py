@@ -161,12 +161,12 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     if spec.method != "none":
         cfg: dict[str, Any] = {"method": spec.method,
                                "num_speculative_tokens": spec.num_speculative_tokens}
-        if spec.method in ("ngram", "ngram_gpu"):
-            cfg["prompt_lookup_max"] = spec.prompt_lookup_max
-        else:
+        if spec.uses_draft:
             cfg["model"] = "${DRAFT_PATH}"
             if s.tensor_parallel_size > 1:
                 cfg["draft_tensor_parallel_size"] = 1
+        else:
+            cfg["prompt_lookup_max"] = spec.prompt_lookup_max
         argv += ["--speculative-config", json.dumps(cfg, sort_keys=True, separators=(",", ":"))]
     argv += list(s.extra_args)
     return argv

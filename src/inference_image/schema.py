@@ -151,6 +151,11 @@ class Speculative(Strict):
     num_speculative_tokens: int = Field(3, ge=1, le=16)
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram and ngram_gpu only")
 
+    @property
+    def uses_draft(self) -> bool:
+        """A method that loads a draft model or head (the others look up the text itself)."""
+        return self.method in ("draft_model", "eagle3")
+
 
 class ModelSel(Strict):
     target: Name
