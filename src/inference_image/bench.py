@@ -307,7 +307,10 @@ def engine_counters(url: str) -> dict[str, float] | None:
         return None
 
 
-COUNTERS = ("vllm:spec_decode_num", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+# generation tokens and finished requests too: with them, the share of decode steps that carried
+# a draft at all (prompt lookup drafts only where an n-gram matches; a model draft every step)
+COUNTERS = ("vllm:spec_decode_num", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+            "vllm:generation_tokens", "vllm:request_success")
 
 
 def parse_engine_counters(text: str) -> dict[str, float] | None:
@@ -344,8 +347,9 @@ def prefix_cache(before: dict[str, float] | None, after: dict[str, float] | None
 
 def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
                ) -> dict[str, Any]:
-    """Acceptance length (1 + accepted / drafts: the bonus token counts) and the rate at which
-    draft tokens were accepted, over the requests between two counter readings."""
+    """Acceptance length (1 + accepted / drafts: the bonus token counts), the rate at which
+    draft tokens were accepted, and the share of decode steps that verified a draft, over the
+    requests between two counter readings."""
     if not after:
         return {}
 
@@ -359,9 +363,15 @@ def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
     per_pos = [round(d(k) / drafts, 3) for k in sorted(
         (k for k in after if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos")),
         key=lambda k: int(k.rsplit("[", 1)[1].rstrip("]")))]
+    # Each step hands a request 1 + its accepted tokens, and a request's first step (its prefill)
+    # has no draft to verify: what is left is the decode steps, drafted or not.
+    decode_steps = (d("vllm:generation_tokens_total") - acc
+                    - d("vllm:request_success_total"))
     return {"acceptance_length": round(1 + acc / drafts, 3),
             "draft_acceptance_rate": round(acc / tokens, 3) if tokens else None,
-            "acceptance_per_position": per_pos}
+            "acceptance_per_position": per_pos,
+            **({"drafted_step_share": round(min(drafts / decode_steps, 1.0), 3)}
+               if decode_steps > 0 else {})}
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:

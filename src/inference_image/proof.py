@@ -1445,20 +1445,21 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     lines = [f"{(res.get('info') or {}).get('gpu')}  vLLM {(res.get('info') or {}).get('vllm')}  "
              f"read BW {bw} TB/s",
              f"{'config':<18}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'p99':>8}{'TPOT':>7}"
-             f"{'AL':>6}"]
+             f"{'AL':>6}{'drafted':>8}"]
     roof = {}
     for cfg, rows in runs.items():
         for x in rows:
             sc = x.get("scenario", "chat")
             v = van.get((sc, x["concurrency"]))
             ratio = x["output_tok_s"] / v["output_tok_s"] if v and v["output_tok_s"] else 0
-            al = x.get("acceptance_length")
+            al, share = x.get("acceptance_length"), x.get("drafted_step_share")
             name = cfg if sc == "chat" else f"{cfg} [{sc}]"
             # no vanilla row of that scenario and concurrency: a blank, not a ratio of 0
             shown = f"{ratio:>7.2f}" if ratio else f"{'-':>7}"
             lines.append(f"{name:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{shown}"
                          f"{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>8.1f}"
-                         f"{x['tpot_ms_mean']:>7.2f}{al if al else '':>6}")
+                         f"{x['tpot_ms_mean']:>7.2f}{al if al else '':>6}"
+                         f"{f'{share:.0%}' if share is not None else '':>8}")
         # the roofline's context is chat's (512 in, 512 out)
         c1 = next((x for x in rows if x["concurrency"] == 1
                    and x.get("scenario", "chat") == "chat"), None)
