@@ -877,3 +877,23 @@ def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
     # and the raw files of runs up to 26, where vanilla's entry is the argv list, still read
     runner.results["commands"]["vanilla"] = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
     assert proof.assemble(runner.results, resolve("h100")).splitlines()[1].startswith("config")
+
+
+def test_a_set_acceptance_on_prompt_lookup_says_it_applies_to_matched_slots_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 27 set 4.0 on ngram_gpu and got 1.0: vLLM's synthetic sampler rejects the slots a
+    lookup could not fill. The step and the table must say the set figure is not what it got."""
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "model")
+    lookup = ("model.speculative.method=ngram_gpu", "model.speculative.draft=null")
+    runner._rendered(proof.Step("profile", label="ng", sets=lookup, acceptance_length=4.0))
+    runner._rendered(proof.Step("profile", label="eagle", acceptance_length=2.5))
+    assert "applies to matched slots only" in capsys.readouterr().out
+    cmds = runner.results["commands"]
+    assert cmds["ng"]["acceptance_applies_to"] == "matched n-gram slots only"
+    assert "acceptance_applies_to" not in cmds["eagle"]
+    table = proof.assemble({"commands": cmds, "runs": {}}, resolve("h100"))
+    said = [ln for ln in table.splitlines() if ln.startswith("acceptance ")]
+    assert said == ["acceptance ng: 4.0 set, applied to matched n-gram slots only (the rows' AL "
+                    "is what it got)"]

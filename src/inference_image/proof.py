@@ -1100,9 +1100,16 @@ class Runner:
             print(f"[{label}] the published length {length} was measured with "
                   f"{r.draft.acceptance_length_tokens} draft tokens: a chain "
                   f"of {k} accepts {span[0]}-{span[1]} a step; measured at {length}", flush=True)
+        lookup = r.profile.model.speculative.method in ("ngram", "ngram_gpu")
         if length is not None or rates:
             for inst in r.instances:
                 with_acceptance(units / f"{inst.name}.args", length, rates)
+            if lookup:
+                # vLLM's synthetic sampler rejects an empty slot (-1) whatever the rate: a lookup
+                # that matched nothing accepts nothing (run 27: 0 accepted at a set 4.0)
+                print(f"[{label}] {r.profile.model.speculative.method} drafts only where an "
+                      f"n-gram of the text matches: the set acceptance applies to matched slots "
+                      f"only, and the bench rows say how many there were", flush=True)
         self._plugin(units / f"{r.instances[0].name}.env")
         # One compile cache per render, less its HOST_ONLY settings: those and a synthetic
         # acceptance length change no graph, so the starts after the first are warm (their ready
@@ -1126,6 +1133,8 @@ class Runner:
             "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             **({"published_length_range": list(span)} if span else {}),
+            **({"acceptance_applies_to": "matched n-gram slots only"}
+               if lookup and (length is not None or rates) else {}),
             "profile_sha256": r.digest,
             # the plugin's code is part of what serves: two labels of one render may differ here
             "plugin_sha256": plugin_digest(),
@@ -1484,6 +1493,9 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     for cfg, cmd in res.get("commands", {}).items():
         if not isinstance(cmd, dict):
             continue  # runs up to 26 recorded a vanilla step's command as a bare argv list
+        if cmd.get("acceptance_applies_to"):
+            lines.append(f"acceptance {cfg}: {cmd['acceptance_length']} set, applied to "
+                         f"{cmd['acceptance_applies_to']} (the rows' AL is what it got)")
         lo, hi = cmd.get("published_length_range") or (None, None)
         if lo != hi:
             # a reader of the table must see that its acceptance is one end of what is published

@@ -144,8 +144,10 @@ class Versions(Strict):
 
 
 class Speculative(Strict):
-    # ngram_gpu: vLLM's prompt lookup matched on the GPU instead of in the engine's Python, for the
-    # host-bound high-concurrency steps (docs/decisions.md, "Prompt lookup and suffix decoding")
+    # ngram_gpu: vLLM's prompt lookup matched on the GPU instead of in the engine's Python. No tier
+    # ships it: on an H100 every step verifies k + 1 tokens whether a match was found or not, on
+    # vLLM's V1 runner, and cost 3.7x a draft-off step at c=1, 1.7x at c=64 (run 27; docs/
+    # decisions.md, "Prompt lookup and suffix decoding")
     method: Literal["none", "ngram", "ngram_gpu", "draft_model", "eagle3"] = "none"
     draft: Name | None = Field(None, description="catalog name of the draft model or EAGLE head")
     num_speculative_tokens: int = Field(3, ge=1, le=16)
