@@ -348,8 +348,9 @@ def prefix_cache(before: dict[str, float] | None, after: dict[str, float] | None
 def acceptance(before: dict[str, float] | None, after: dict[str, float] | None,
                ) -> dict[str, Any]:
     """Acceptance length (1 + accepted / drafts: the bonus token counts), the rate at which
-    draft tokens were accepted, and the share of decode steps that verified a draft, over the
-    requests between two counter readings."""
+    draft tokens were accepted, and the share of decode steps that carried draft slots (vLLM
+    counts the slots ngram_gpu could not fill as drafted), over the requests between two counter
+    readings."""
     if not after:
         return {}
 

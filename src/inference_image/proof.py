@@ -1100,14 +1100,17 @@ class Runner:
             print(f"[{label}] the published length {length} was measured with "
                   f"{r.draft.acceptance_length_tokens} draft tokens: a chain "
                   f"of {k} accepts {span[0]}-{span[1]} a step; measured at {length}", flush=True)
-        lookup = r.profile.model.speculative.method in ("ngram", "ngram_gpu")
+        spec = r.profile.model.speculative
+        matched_only = False
         if length is not None or rates:
             for inst in r.instances:
                 with_acceptance(units / f"{inst.name}.args", length, rates)
-            if lookup:
+            # with_acceptance refused a render that does not speculate: what has no draft looks up
+            matched_only = not spec.uses_draft
+            if matched_only:
                 # vLLM's synthetic sampler rejects an empty slot (-1) whatever the rate: a lookup
                 # that matched nothing accepts nothing (run 27: 0 accepted at a set 4.0)
-                print(f"[{label}] {r.profile.model.speculative.method} drafts only where an "
+                print(f"[{label}] {spec.method} drafts only where an "
                       f"n-gram of the text matches: the set acceptance applies to matched slots "
                       f"only, and the bench rows say how many there were", flush=True)
         self._plugin(units / f"{r.instances[0].name}.env")
@@ -1133,8 +1136,7 @@ class Runner:
             "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             **({"published_length_range": list(span)} if span else {}),
-            **({"acceptance_applies_to": "matched n-gram slots only"}
-               if lookup and (length is not None or rates) else {}),
+            **({"acceptance_applies_to": "matched n-gram slots only"} if matched_only else {}),
             "profile_sha256": r.digest,
             # the plugin's code is part of what serves: two labels of one render may differ here
             "plugin_sha256": plugin_digest(),
