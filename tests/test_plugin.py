@@ -155,3 +155,19 @@ def test_a_table_of_this_gpu_model_comes_before_the_architecture_one(tmp_path, m
     own.write_text(json.dumps({"device": "NVIDIA Made Up 9000", "capability": "9.0",
                                "shapes": {"8192,8192": [[1, "cutlass"]]}}))
     assert dispatch.packaged_table() == own
+
+
+def test_the_proof_names_the_table_through_the_variable_the_plugin_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`proof step profile --fp8-table tuned` sets proof.FP8_TABLE_ENV for the server; were the
+    two names to drift apart, the 'tuned' rows would quietly serve the packaged table."""
+    from inference_image import proof
+
+    p = tmp_path / "tuned.json"
+    p.write_text(json.dumps({"device": "X", "capability": "9.0",
+                             "shapes": {"4096,4096": [[1, "cublaslt"]]}}))
+    monkeypatch.setattr(dispatch, "capability", lambda: "9.0")
+    monkeypatch.delenv("INFERENCE_IMAGE_FP8_TABLE", raising=False)
+    monkeypatch.setenv(proof.FP8_TABLE_ENV, str(p))
+    monkeypatch.setattr(dispatch, "_table", None)
+    assert dispatch.table().source == str(p)

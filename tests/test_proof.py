@@ -897,3 +897,43 @@ def test_a_set_acceptance_on_prompt_lookup_says_it_applies_to_matched_slots_only
     said = [ln for ln in table.splitlines() if ln.startswith("acceptance ")]
     assert said == ["acceptance ng: 4.0 set, applied to matched n-gram slots only (the rows' AL "
                     "is what it got)"]
+
+
+def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 28 priced the shipped FP8 table against one tuned on the same H100. A tuned row must
+    serve the tuned table and say so in its command; a shipped row must not pick it up because a
+    tune ran earlier in the same --out."""
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    monkeypatch.delenv(proof.FP8_TABLE_ENV, raising=False)
+    out = tmp_path / "o"
+    runner = proof.Runner(plan=proof.Plan(tier="h100"), out=out, work=tmp_path / "w",
+                          model_dir=tmp_path / "model")
+    with pytest.raises(proof.ProofError, match=r"fp8_table tuned: no table at .*fp8-table.json; "
+                       r"run `proof step tune`"):
+        runner._rendered(proof.Step("profile", label="t", fp8_table="tuned"))
+    out.mkdir()
+    (out / proof.TUNED_TABLE).write_text("{}")
+    _, _, env, _ = runner._rendered(proof.Step("profile", label="t", fp8_table="tuned"))
+    assert env[proof.FP8_TABLE_ENV] == str(out / proof.TUNED_TABLE)
+    _, _, shipped, _ = runner._rendered(proof.Step("profile", label="s"))
+    assert proof.FP8_TABLE_ENV not in shipped
+    cmds = runner.results["commands"]
+    assert cmds["t"]["fp8_table"] == "tuned" and "fp8_table" not in cmds["s"]
+    off = proof.Step("profile", label="off", fp8_table="tuned",
+                     sets=("serving.fp8_gemm_dispatch=false",))
+    with pytest.raises(proof.ProofError, match=r"does not turn the plugin's FP8 dispatch on "
+                       r"\(serving.fp8_gemm_dispatch\)"):
+        runner._rendered(off)
+    assert "off" not in runner.results["commands"]
+    # vanilla serves no plugin: the flag is refused before anything starts, naming it
+    with pytest.raises(SystemExit):
+        cli.main(["proof", "step", "vanilla", "--fp8-table", "best"])
+    assert "--fp8-table: invalid choice: 'best'" in capsys.readouterr().err
+    assert cli.main(["proof", "step", "vanilla", "--fp8-table", "tuned", "--out", str(out)]) == 2
+    assert "--fp8-table: only profile, layout" in capsys.readouterr().err
+    plan = json.loads(proof.Plan(steps=[proof.Step("tune", fp8_table="tuned")]).to_json())
+    with pytest.raises(proof.ProofError, match="plan step 0: fp8_table: only profile"):
+        proof.Plan.from_json(json.dumps(plan))
+    plan["steps"] = [{"kind": "profile", "fp8_table": "tuned"}]
+    assert proof.Plan.from_json(json.dumps(plan)).steps[0].fp8_table == "tuned"

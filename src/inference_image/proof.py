@@ -56,12 +56,26 @@ StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "pr
 KINDS: tuple[str, ...] = get_args(StepKind)
 # the steps that start one server and drive it with their own clients (Step.client_cpus)
 PINNABLE = ("vanilla", "profile", "trace", "stacks")
+# the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
+RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start")
+# The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.TABLE_ENV;
+# the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
+# names together).
+FP8_TABLE_ENV = "INFERENCE_IMAGE_FP8_TABLE"
+# Step.fp8_table's one value: the table `tune` wrote under --out, measured on this GPU
+FP8_TABLES = ("tuned",)
+TUNED_TABLE = "fp8-table.json"
 
 
-def pin_problem(step: Step) -> str | None:
-    """Why the step cannot pin its clients apart; None when it can (or does not ask to)."""
+def step_problem(step: Step) -> str | None:
+    """Why the step cannot run as asked, naming its field; None when it can."""
     if step.client_cpus and step.kind not in PINNABLE:
         return f"client_cpus: only {', '.join(PINNABLE)} steps pin their clients; drop it from this step"
+    if step.fp8_table and step.fp8_table not in FP8_TABLES:
+        return f"fp8_table: {step.fp8_table!r} is not one of {', '.join(FP8_TABLES)}"
+    if step.fp8_table and step.kind not in RENDERED:
+        return (f"fp8_table: only {', '.join(RENDERED)} steps serve the profile's FP8 table; "
+                "drop it from this step")
     return None
 STANDIN = Path(__file__).resolve().parent / "standin"
 # Profile settings that change only the host's side, never what the engine compiles (the plugin's
@@ -137,6 +151,9 @@ class Step:
     # clients on other machines would be (run 22: at c=64 the server's host time a step moved a
     # row by up to 10 %). Empty: everything shares every CPU, as before.
     client_cpus: tuple[int, ...] = ()
+    # "": the plugin's packaged FP8 table, as the image ships it; "tuned": the table `tune` measured
+    # on this GPU (run 28 priced one against the other on one machine)
+    fp8_table: str = ""
 
     def name(self) -> str:
         return self.label or self.kind
@@ -175,8 +192,9 @@ class Plan:
                               prompt_tokens=int(s.get("prompt_tokens", 0)),
                               fp8_scales=str(s.get("fp8_scales", "")),
                               client_cpus=tuple(s.get("client_cpus", ())),
+                              fp8_table=str(s.get("fp8_table", "")),
                               args=tuple(s.get("args", ()))))
-            if why := pin_problem(steps[-1]):
+            if why := step_problem(steps[-1]):
                 raise ProofError(f"plan step {i}: {why}")
         return cls(tier=d.get("tier", "h100"),
                    concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
@@ -914,10 +932,11 @@ class Runner:
     def step_tune(self, step: Step) -> None:
         """The plugin's FP8 kernel table measured on this GPU (Cutlass against cuBLASLt and the
         Triton GEMV at every CUDA-graph batch size), written under --out. The proof's serving
-        steps keep measuring the table the image ships (unless INFERENCE_IMAGE_FP8_TABLE names
-        this one); to ship it, commit it as the plugin's tables/<gpu-name>.json."""
+        steps keep measuring the table the image ships (unless
+        a step's `fp8_table: tuned` serves this one); to ship it, commit it as the plugin's
+        tables/<gpu-name>.json."""
         self._plugin(None)
-        table, report = self.out / "fp8-table.json", self.out / "fp8-report.json"
+        table, report = self.out / TUNED_TABLE, self.out / "fp8-report.json"
         self.out.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([self.python, "-m", "inference_image_vllm.tune", "--table",
                                str(table), "--report", str(report),
@@ -1089,6 +1108,7 @@ class Runner:
             r = self.resolved(step.sets)
         except ProfileErrors as exc:
             raise ProofError(str(exc)) from None
+        table = self._fp8_table(step, r)
         rdir = self.work / "render" / label
         render(r, rdir)
         units = rdir / "etc/inference-image/units"
@@ -1126,13 +1146,14 @@ class Runner:
                "MODEL_PATH": str(self.model_for(r, scales=step.fp8_scales)),
                "DRAFT_PATH": str(self.draft_for(r)),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
-               **self._cache_env(cache)}
+               **self._cache_env(cache), **({FP8_TABLE_ENV: str(table)} if table else {})}
         runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
                    for i in r.instances}
         argv = {name: dry_run(runner, env) for name, runner in runners.items()}
         self.results.setdefault("commands", {})[label] = {
             "sets": list(step.sets), **({"fp8_scales": step.fp8_scales} if step.fp8_scales
                                         else {}),
+            **({"fp8_table": step.fp8_table} if step.fp8_table else {}),
             "acceptance_length": length or (
                 mean_length(rates) if rates else None), "acceptance_rates": list(rates),
             **({"published_length_range": list(span)} if span else {}),
@@ -1142,6 +1163,20 @@ class Runner:
             "plugin_sha256": plugin_digest(),
             **({"argv": argv[r.instances[0].name]} if len(argv) == 1 else {"argv": argv})}
         return r, runners, env, cache
+
+    def _fp8_table(self, step: Step, r: Resolved) -> Path | None:
+        """The FP8 table the step serves in place of the packaged one (None: the packaged one)."""
+        if not step.fp8_table:
+            return None
+        if not r.profile.serving.fp8_gemm_dispatch:
+            raise ProofError(f"fp8_table {step.fp8_table}: the render does not turn the plugin's "
+                             "FP8 dispatch on (serving.fp8_gemm_dispatch), so no table is read; "
+                             "drop fp8_table or --set serving.fp8_gemm_dispatch=true")
+        table = self.out / TUNED_TABLE
+        if not table.is_file():
+            raise ProofError(f"fp8_table tuned: no table at {table}; run `proof step tune` with "
+                             "the same --out first (it measures this GPU's)")
+        return table
 
     def _instance(self, step: Step, extra_args: str = "") -> tuple[Resolved, list[str],
                                                                     dict[str, str], int, Path]:
@@ -1621,8 +1656,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()),
                 prompt_tokens=args.first_token_prompt, fp8_scales=args.fp8_scales or "",
-                client_cpus=tuple(args.client_cpus or ()))
-    if why := pin_problem(step):
+                client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "")
+    if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
     if step.kind == "vanilla":
@@ -1697,6 +1732,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--client-cpus", type=_cpus, metavar="CPUS",
                    help="vanilla, profile, trace: the clients on these CPUs (14,15 or 12-15), the "
                    "server on the others, as clients on other machines would be")
+    p.add_argument("--fp8-table", choices=list(FP8_TABLES),
+                   help="serve the FP8 GEMM table `tune` measured on this GPU (under --out) "
+                   "instead of the one the image ships (steps that serve the profile)")
     p.add_argument("--fp8-scales", choices=list(FP8_STANDIN),
                    help="serve the target's FP8 stand-in scaled this way instead of as the "
                    "catalog's checkpoint (profile, trace: price a checkpoint of that kind)")
