@@ -937,3 +937,14 @@ def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
         proof.Plan.from_json(json.dumps(plan))
     plan["steps"] = [{"kind": "profile", "fp8_table": "tuned"}]
     assert proof.Plan.from_json(json.dumps(plan)).steps[0].fp8_table == "tuned"
+
+
+def test_the_roofline_share_is_printed_to_a_tenth_so_a_row_under_the_line_reads_under_it() -> None:
+    """Run 28's first draft-off start served 259.3 tok/s of a 371.1 tok/s roofline, 69.87 %: the
+    table printed '70%', above the issue's 70 % target it missed."""
+    row = {"concurrency": 1, "output_tok_s": 259.29, "ttft_ms_mean": 25.9, "ttft_ms_p99": 34.7,
+           "tpot_ms_mean": 3.81}
+    res: dict[str, Any] = {"bandwidth": {"read_bw_tbs": 2.999}, "runs": {"off": [row]}}
+    table = proof.assemble(res, resolve("h100"))
+    assert res["roofline_c1"]["off"]["roofline_tok_s"] == 371.1
+    assert "roofline c=1 off: 259.3 of 371.1 tok/s = 69.9%" in table.splitlines()
