@@ -58,7 +58,7 @@ KINDS: tuple[str, ...] = get_args(StepKind)
 PINNABLE = ("vanilla", "profile", "trace", "stacks")
 # the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
 RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start")
-# The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.TABLE_ENV;
+# The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();
 # the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
 # names together).
 FP8_TABLE_ENV = "INFERENCE_IMAGE_FP8_TABLE"
@@ -932,9 +932,8 @@ class Runner:
     def step_tune(self, step: Step) -> None:
         """The plugin's FP8 kernel table measured on this GPU (Cutlass against cuBLASLt and the
         Triton GEMV at every CUDA-graph batch size), written under --out. The proof's serving
-        steps keep measuring the table the image ships (unless
-        a step's `fp8_table: tuned` serves this one); to ship it, commit it as the plugin's
-        tables/<gpu-name>.json."""
+        steps keep measuring the table the image ships (unless a step's `fp8_table: tuned` serves
+        this one); to ship it, commit it as the plugin's tables/<gpu-name>.json."""
         self._plugin(None)
         table, report = self.out / TUNED_TABLE, self.out / "fp8-report.json"
         self.out.mkdir(parents=True, exist_ok=True)
