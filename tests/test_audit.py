@@ -114,6 +114,8 @@ BAD_SETS = [
     ("router.bind=not-an-ip", "router.bind"),
     ('serving.extra_args=["--host", "0.0.0.0"]', "serving.extra_args.0"),
     ('serving.extra_args=["--max-model-len=1\\n--host=0.0.0.0"]', "serving.extra_args.0"),
+    ('serving.extra_args=["--stream-interval", "4"]', "serving.extra_args.0"),
+    ("serving.stream_interval=0", "serving.stream_interval"),
     ('digitalocean.region=tor1"\nx = "y', "digitalocean.region"),
     ("versions.vllm=0.26.0 --index-url http://example.invalid/simple", "versions.vllm"),
     ("serving.base_port=65534", "serving.base_port"),

@@ -858,6 +858,7 @@ def test_renders_that_differ_in_a_host_only_setting_share_a_compile_cache(
     committed = cache()
     assert cache("serving.early_first_token=true") == committed
     assert cache("serving.api_servers=2") == committed
+    assert cache("serving.stream_interval=4") == committed
     assert cache("serving.triton_decode_max_tokens=0") != committed  # compiled into the graphs
 
 

@@ -251,6 +251,18 @@ def test_several_api_servers_start_from_vllms_cli_before_one_engine(tmp_path):
     assert two[4:i] + two[i + 2:] == one[3:]
 
 
+def test_stream_interval_renders_only_where_the_profile_sets_more_than_vllms_one():
+    def argv(*overrides: str) -> list[str]:
+        r = resolve("h100", ROOT / "profiles", overrides=list(overrides))
+        return vllm_argv(r, r.instances[0])
+
+    one, four = argv("serving.stream_interval=1"), argv("serving.stream_interval=4")
+    assert "--stream-interval" not in one  # vLLM's default: the line every tier rendered before
+    i = four.index("--stream-interval")
+    assert four[i + 1] == "4"
+    assert four[:i] + four[i + 2:] == one
+
+
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
     """An instance whose cache disk has less than the rendered minimum free stops at once with a
     line that names it (the fault suite greps the journal for it), instead of failing mid-compile."""

@@ -79,9 +79,11 @@ def step_problem(step: Step) -> str | None:
     return None
 STANDIN = Path(__file__).resolve().parent / "standin"
 # Profile settings that change only the host's side, never what the engine compiles (the plugin's
-# early first token, the API server processes): a render differs from its partner without them
-# only there, so the two share a compile cache.
-HOST_ONLY = ("serving.early_first_token=false", "serving.api_servers=1")
+# early first token, the API server processes, how many tokens a streamed chunk carries; vLLM
+# 0.26's compile hash reads none of them): a render differs from its partner without them only
+# there, so the two share a compile cache.
+HOST_ONLY = ("serving.early_first_token=false", "serving.api_servers=1",
+             "serving.stream_interval=1")
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists

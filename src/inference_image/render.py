@@ -138,6 +138,8 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
                  "--master-port", str(s.node_port), "--distributed-executor-backend", "mp"]
     if s.api_servers > 1:
         argv += ["--api-server-count", str(s.api_servers)]
+    if s.stream_interval > 1:
+        argv += ["--stream-interval", str(s.stream_interval)]
     if s.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if m.dtype != "auto":

@@ -217,6 +217,10 @@ class Serving(Strict):
         1, ge=1, le=16, description="API server processes in front of each instance's one engine "
         "(vLLM's --api-server-count, one port): HTTP, detokenizing and streaming spread over "
         "several cores where one saturates at high concurrency")
+    stream_interval: int = Field(
+        1, ge=1, le=64, description="tokens a streamed answer gathers before the API server sends "
+        "them (vLLM's --stream-interval; the first token and the last go at once): fewer chunks "
+        "for the one API server process to build and write where it saturates")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
     )

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 5bc88cf265194d05d2fc11fc78d582249385dd1a1027836f2920d848927e6e93): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 4ddb608d45d54290dcfb9b39355eba755fa4a91927d6d74d2fbb8b3da6f7b361): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "5bc88cf265194d05d2fc11fc78d582249385dd1a1027836f2920d848927e6e93"
+profile_sha256 = "4ddb608d45d54290dcfb9b39355eba755fa4a91927d6d74d2fbb8b3da6f7b361"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 1d2dda03447a91f1b243792cc9b92446ae00f2ec293730fa8eddb014fdaab469): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 8befff833f47fbc10a7a15f7452815224dffd99d3f35c7bb71bcb5e55699e384): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "1d2dda03447a91f1b243792cc9b92446ae00f2ec293730fa8eddb014fdaab469"
+profile_sha256 = "8befff833f47fbc10a7a15f7452815224dffd99d3f35c7bb71bcb5e55699e384"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 6494d9787c5e990573e2f9cfe2a257cb911b63ee2a13696645e812678ae534fa): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 f1b39f1fa275a99780762499aaefb0338fb3f37c9f91889011e0923c1803cfb8): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "6494d9787c5e990573e2f9cfe2a257cb911b63ee2a13696645e812678ae534fa"
+profile_sha256 = "f1b39f1fa275a99780762499aaefb0338fb3f37c9f91889011e0923c1803cfb8"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

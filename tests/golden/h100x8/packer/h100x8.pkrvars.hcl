@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 81ad3479c467682e31d799e1f4955c2a7249eb02d82dfb68f3f4deb49d3cf00b): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 3570190f04290075015ffc0aa974f22b08ee1af829ed305151d88b9be1dd0080): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "81ad3479c467682e31d799e1f4955c2a7249eb02d82dfb68f3f4deb49d3cf00b"
+profile_sha256 = "3570190f04290075015ffc0aa974f22b08ee1af829ed305151d88b9be1dd0080"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 0222eb7a648af2315e92a46edeac3221506ccd489c2925e930832c79088a72fe): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 d0b6398d1097fac44bd139961f2fbbbb3f38bcd79a42fb86397c2c9dbaa65510): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "0222eb7a648af2315e92a46edeac3221506ccd489c2925e930832c79088a72fe"
+profile_sha256 = "d0b6398d1097fac44bd139961f2fbbbb3f38bcd79a42fb86397c2c9dbaa65510"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

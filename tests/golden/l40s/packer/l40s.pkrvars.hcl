@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 697d47393c2c2b31d5c88c941f2b50db047cd1dfc99d8b897ce3c8ce3b6003a7): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 f16356942ea3e9cd90659c2069cb377f3de81ad7519df586da36b23503b06770): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "697d47393c2c2b31d5c88c941f2b50db047cd1dfc99d8b897ce3c8ce3b6003a7"
+profile_sha256 = "f16356942ea3e9cd90659c2069cb377f3de81ad7519df586da36b23503b06770"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

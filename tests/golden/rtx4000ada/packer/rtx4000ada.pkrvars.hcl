@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 6efe184d9ab92ed44a09b902fd94fca626ee93f38f61d9caee1294b92d3ffa6c): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 be77bfefb161bff98fd314293d2107a06cd330ce70e432e3ebc7e905348c3fa2): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "6efe184d9ab92ed44a09b902fd94fca626ee93f38f61d9caee1294b92d3ffa6c"
+profile_sha256 = "be77bfefb161bff98fd314293d2107a06cd330ce70e432e3ebc7e905348c3fa2"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 4b4622098ddc715f0e79dd917f6356d7a4a4e3182bef5a2a93278c027c8cdb33): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 4599e26fab49d224096ec129cc201a6e9fd6938c775ef92a4d73bcbb5bbb2d1b): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "4b4622098ddc715f0e79dd917f6356d7a4a4e3182bef5a2a93278c027c8cdb33"
+profile_sha256 = "4599e26fab49d224096ec129cc201a6e9fd6938c775ef92a4d73bcbb5bbb2d1b"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
