@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 f1b39f1fa275a99780762499aaefb0338fb3f37c9f91889011e0923c1803cfb8): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 a7576221f6b620616de3b317eab88aee646ca98cac31af1b82db89c6cafafbf8): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "f1b39f1fa275a99780762499aaefb0338fb3f37c9f91889011e0923c1803cfb8"
+profile_sha256 = "a7576221f6b620616de3b317eab88aee646ca98cac31af1b82db89c6cafafbf8"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
