@@ -235,12 +235,14 @@ def test_early_first_token_reaches_the_unit_environment_only_when_set(tmp_path):
     assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN" not in env("serving.early_first_token=false")
 
 
-def test_several_api_servers_start_from_vllms_cli_before_one_engine(tmp_path):
-    def argv(*overrides: str) -> list[str]:
-        r = resolve("h100", ROOT / "profiles", overrides=list(overrides))
-        return vllm_argv(r, r.instances[0])
+def h100_argv(*overrides: str) -> list[str]:
+    """The h100 render's one vLLM command line, with these --set overrides."""
+    r = resolve("h100", ROOT / "profiles", overrides=list(overrides))
+    return vllm_argv(r, r.instances[0])
 
-    one, two = argv("serving.api_servers=1"), argv("serving.api_servers=2")
+
+def test_several_api_servers_start_from_vllms_cli_before_one_engine(tmp_path):
+    one, two = h100_argv("serving.api_servers=1"), h100_argv("serving.api_servers=2")
     # one: vLLM's API server module, as every tier rendered before the field
     assert one[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert "--api-server-count" not in one
@@ -252,11 +254,7 @@ def test_several_api_servers_start_from_vllms_cli_before_one_engine(tmp_path):
 
 
 def test_stream_interval_renders_only_where_the_profile_sets_more_than_vllms_one():
-    def argv(*overrides: str) -> list[str]:
-        r = resolve("h100", ROOT / "profiles", overrides=list(overrides))
-        return vllm_argv(r, r.instances[0])
-
-    one, four = argv("serving.stream_interval=1"), argv("serving.stream_interval=4")
+    one, four = h100_argv("serving.stream_interval=1"), h100_argv("serving.stream_interval=4")
     assert "--stream-interval" not in one  # vLLM's default: the line every tier rendered before
     i = four.index("--stream-interval")
     assert four[i + 1] == "4"
