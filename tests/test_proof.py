@@ -227,6 +227,42 @@ def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -
     assert proof.Plan.from_json(h200.to_json()) == h200
 
 
+def base_model(tmp_path: Path) -> Path:
+    """MODEL_DIR as the wheelhouse unpacks it, its config only: the models step copies it into
+    the stand-ins a render serves."""
+    base = tmp_path / "model"
+    base.mkdir(exist_ok=True)
+    (base / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32,
+                                                  "vocab_size": 128256}))
+    return base
+
+
+def test_a_serving_step_makes_the_stand_ins_a_fresh_machine_lacks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 30: a machine handed back between calls came back bare, and the first profile step
+    without `models` failed inside vLLM's start with the hub's "Repo id must be ..." for the
+    missing FP8 folder. The step makes them, or names MODEL_DIR in one line where it cannot."""
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+    base = base_model(tmp_path)
+    runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=base)
+    env = runner._rendered(proof.Step("profile", label="as-imaged", published_acceptance=True))[2]
+    assert "making the stand-ins" in capsys.readouterr().out
+    for key, suffix in (("MODEL_PATH", "fp8static"), ("DRAFT_PATH", "eagle3")):
+        assert env[key] == str(tmp_path / f"model-{suffix}")
+        assert json.loads((Path(env[key]) / "config.json").read_text())
+    assert runner.results["models"]["fp8static"] == env["MODEL_PATH"]
+    # made once: the next step finds them
+    runner._rendered(proof.Step("profile", label="again"))
+    assert "making the stand-ins" not in capsys.readouterr().out
+    bare = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o2", work=tmp_path / "w2",
+                        model_dir=tmp_path / "nothing")
+    with pytest.raises(proof.ProofError, match=r"^MODEL_DIR .*/nothing has no config.json: unpack"):
+        bare._rendered(proof.Step("profile", label="x"))
+    # vanilla serves MODEL_DIR itself on the h100 (bf16): nothing to make, and none is made
+    assert bare.made(bare.model_for(resolve("h100"), checkpoint=False)) == tmp_path / "nothing"
+
+
 def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     base = tmp_path / "model"
     base.mkdir()
@@ -775,7 +811,7 @@ def test_a_layout_whose_scenario_concurrencies_do_not_split_stops_before_a_start
     started: list[object] = []
     monkeypatch.setattr(proof.Runner, "_start_instances", lambda self, *a: started.append(a))
     runner = proof.Runner(plan=proof.Plan(tier="h100x8"), out=tmp_path / "o", work=tmp_path / "w",
-                          model_dir=tmp_path / "m")
+                          model_dir=base_model(tmp_path))
     with pytest.raises(proof.ProofError, match=r"no concurrency of chat:3 divides over 4 instances"):
         runner.step_layout(proof.Step("layout", label="x", scenarios=("long-form", "chat:3")))
     assert started == []
@@ -825,7 +861,7 @@ def test_a_step_at_the_published_length_records_what_it_bounds(
     # the server speculates at 1.83, and the step says that is the top of 1.21-1.83
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
     runner = proof.Runner(plan=proof.Plan(tier="h200"), out=tmp_path / "o", work=tmp_path / "w",
-                          model_dir=tmp_path / "model")
+                          model_dir=base_model(tmp_path))
     step = proof.Step("profile", label="k1", published_acceptance=True,
                       sets=("model.speculative.num_speculative_tokens=1",))
     runner._rendered(step)
@@ -849,7 +885,7 @@ def test_renders_that_differ_in_a_host_only_setting_share_a_compile_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
     runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
-                          model_dir=tmp_path / "model")
+                          model_dir=base_model(tmp_path))
 
     def cache(*sets: str) -> str:
         env = runner._rendered(proof.Step("profile", label="x", sets=sets))[2]
@@ -869,7 +905,7 @@ def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
     monkeypatch.setattr(proof.Runner, "_serve", lambda self, *a, **kw: None)
     runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
-                          model_dir=tmp_path / "model")
+                          model_dir=base_model(tmp_path))
     runner.step_vanilla(proof.Step("vanilla"))
     runner._rendered(proof.Step("profile", label="as-imaged", published_acceptance=True))
     cmd = runner.results["commands"]["vanilla"]
@@ -886,7 +922,7 @@ def test_a_set_acceptance_on_prompt_lookup_says_it_applies_to_matched_slots_only
     lookup could not fill. The step and the table must say the set figure is not what it got."""
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
     runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
-                          model_dir=tmp_path / "model")
+                          model_dir=base_model(tmp_path))
     lookup = ("model.speculative.method=ngram_gpu", "model.speculative.draft=null")
     runner._rendered(proof.Step("profile", label="ng", sets=lookup, acceptance_length=4.0))
     runner._rendered(proof.Step("profile", label="eagle", acceptance_length=2.5))
@@ -909,7 +945,7 @@ def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
     monkeypatch.delenv(proof.FP8_TABLE_ENV, raising=False)
     out = tmp_path / "o"
     runner = proof.Runner(plan=proof.Plan(tier="h100"), out=out, work=tmp_path / "w",
-                          model_dir=tmp_path / "model")
+                          model_dir=base_model(tmp_path))
     with pytest.raises(proof.ProofError, match=r"fp8_table tuned: no table at .*fp8-table.json; "
                        r"run `proof step tune`"):
         runner._rendered(proof.Step("profile", label="t", fp8_table="tuned"))

@@ -858,6 +858,23 @@ class Runner:
             raise ProofError(f"no stand-in for the draft {draft} (have: {', '.join(DRAFTS)})")
         return self.model_dir.with_name(f"{self.model_dir.name}-{DRAFTS[draft][0]}")
 
+    def made(self, path: Path) -> Path:
+        """`path`, a stand-in folder beside MODEL_DIR, made by the models step first where this
+        machine has none yet. A fresh GPU machine's first serving step without `models` otherwise
+        failed inside vLLM's start with the hub's "Repo id must be in the form ..." for the
+        missing folder (run 30: a machine handed back between calls comes back bare)."""
+        if path == self.model_dir or path.is_dir():  # MODEL_DIR itself: the unpack's, not ours
+            return path
+        if not (self.model_dir / "config.json").is_file():
+            raise ProofError(f"MODEL_DIR {self.model_dir} has no config.json: unpack the test "
+                             "model (config and tokenizer) there, or point MODEL_DIR at it")
+        print(f"{path.name} is not beside {self.model_dir} yet: making the stand-ins (the models "
+              "step) first", flush=True)
+        self.results["models"] = make_models(self.model_dir)
+        if not path.is_dir():  # a path no stand-in is made for: a catalog entry without one
+            raise ProofError(f"{path} is no stand-in the models step makes")
+        return path
+
     def run(self) -> None:
         self.load()
         # `timeout` (the GPU machine's call limit) sends SIGTERM: end like Ctrl-C, so the step's
@@ -1060,7 +1077,7 @@ class Runner:
         # row, after a cut-off call) compiled from cold under a new label
         cache = self.work / f"cache-vanilla-{hashlib.sha256(' '.join(step.args).encode()).hexdigest()[:12]}"
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
-                str(self.model_for(r, checkpoint=False)), "--load-format", "dummy",
+                str(self.made(self.model_for(r, checkpoint=False))), "--load-format", "dummy",
                 "--served-model-name", name, "--port", str(port), *step.args]
         # the profile steps' shape (a dict with its argv as one shell line): the summary table
         # reads every step's entry alike, and a list here crashed it after run 26's vanilla step
@@ -1144,8 +1161,9 @@ class Runner:
                # head keeps the lm_head its checkpoint has instead of borrowing the target's
                "PYTHONPATH": os.pathsep.join(x for x in (str(STANDIN), os.environ.get(
                    "PYTHONPATH", "")) if x),
-               "MODEL_PATH": str(self.model_for(r, scales=step.fp8_scales)),
-               "DRAFT_PATH": str(self.draft_for(r)),
+               "MODEL_PATH": str(self.made(self.model_for(r, scales=step.fp8_scales))),
+               # no draft (method none, a lookup): nothing reads the path, so nothing is made
+               "DRAFT_PATH": str(self.made(self.draft_for(r)) if spec.draft else self.draft_for(r)),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
                **self._cache_env(cache), **({FP8_TABLE_ENV: str(table)} if table else {})}
         runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
