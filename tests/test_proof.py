@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -985,3 +986,50 @@ def test_the_roofline_share_is_printed_to_a_tenth_so_a_row_under_the_line_reads_
     table = proof.assemble(res, resolve("h100"))
     assert res["roofline_c1"]["off"]["roofline_tok_s"] == 371.1
     assert "roofline c=1 off: 259.3 of 371.1 tok/s = 69.9%" in table.splitlines()
+
+
+def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run the GPU machine was handed back in spans machines (run 30): the raw record keeps each
+    machine's proof.json whole under its name, each machine's table reads only its own vanilla,
+    and bad input is one line that names the flag, with nothing written."""
+    def row(c: int, tok: float) -> dict[str, Any]:
+        return {"concurrency": c, "scenario": "chat", "output_tok_s": tok, "ttft_ms_mean": 1.0,
+                "ttft_ms_p99": 2.0, "tpot_ms_mean": 1.0}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"info": {"gpu": "H100", "vllm": "0.26.0"},
+                             "bandwidth": {"read_bw_tbs": 2.98},
+                             "runs": {"vanilla": [row(2, 100.0)], "as-imaged": [row(2, 300.0)]}}))
+    b.write_text(json.dumps({"runs": {"vanilla": [row(2, 200.0)], "as-imaged": [row(2, 300.0)]}}))
+    out = tmp_path / "run.json"
+    args = ["proof", "record", "--run", "7", "--date", "2026-11-25", "--note", "two machines",
+            "--machine", f"a={a}", "--machine", f"b={b}", "--write", str(out)]
+    assert cli.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc == {"run": 7, "date": "2026-11-25", "note": "two machines",
+                   "machines": {"a": json.loads(a.read_text()), "b": json.loads(b.read_text())}}
+    shown = capsys.readouterr().out
+    tables = shown.split("== machine ")
+    # 300 against a's vanilla of 100 is 3.00x; against b's 200, 1.50x: never across machines
+    assert "as-imaged           2    300.0   3.00" in tables[1]
+    assert "as-imaged           2    300.0   1.50" in tables[2]
+    assert "not measured (no bandwidth step)" in tables[2]
+    before = out.read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for extra, why in ((["--machine", "a"], r"--machine 'a': want NAME=PATH"),
+                       (["--machine", f"a={a}", "--machine", f"a={b}"], "a: named twice"),
+                       (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*: not a proof.json"),
+                       (["--machine", f"x={bad}"], "no bench rows"),
+                       ([], "no --machine given"),
+                       (["--machine", f"a={a}", "--note", " "], "--note is empty")):
+        argv = ["proof", "record", "--run", "8", "--note", "n", "--write",
+                str(tmp_path / "new.json"), *extra]
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and re.search(why, err), err
+        assert not (tmp_path / "new.json").exists()
+    # a record is not rewritten unless asked
+    assert cli.main([*args[:-2], "--machine", f"c={b}", "--write", str(out)]) == 1
+    assert "exists" in capsys.readouterr().err and out.read_text() == before
+    assert cli.main([*args, "--force"]) == 0

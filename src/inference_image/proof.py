@@ -1507,8 +1507,11 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             van.setdefault((x.get("scenario", "chat"), x["concurrency"]), x)
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
-    lines = [f"{(res.get('info') or {}).get('gpu')}  vLLM {(res.get('info') or {}).get('vllm')}  "
-             f"read BW {bw} TB/s",
+    info = res.get("info") or {}
+    # a machine a run gave no info or bandwidth step to (run 30's third) says so, not "None"
+    lines = [f"{info.get('gpu', 'GPU not recorded (no info step)')}  vLLM "
+             f"{info.get('vllm', 'not recorded')}  read BW "
+             f"{f'{bw} TB/s' if bw else 'not measured (no bandwidth step)'}",
              f"{'config':<18}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'p99':>8}{'TPOT':>7}"
              f"{'AL':>6}{'drafted':>8}"]
     roof = {}
@@ -1689,6 +1692,51 @@ def cmd_step(args: argparse.Namespace) -> int:
     return _start(args, plan)
 
 
+def record(run: int, date: str, note: str, machines: list[str]) -> dict[str, Any]:
+    """One run's raw record for docs/benchmarks: each machine's proof.json under its name, as
+    `NAME=PATH`. A run spans machines when the GPU machine is handed back between calls (a fresh
+    one starts bare), and rows of two machines are never one table: each keeps its own."""
+    docs: dict[str, Any] = {}
+    for spec in machines:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ProofError(f"--machine {spec!r}: want NAME=PATH, e.g. a=/work/.device/2/proof.json")
+        if name in docs:
+            raise ProofError(f"--machine {name}: named twice; give each machine its own name")
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ProofError(f"--machine {name}={path}: not a proof.json ({exc})") from None
+        if not isinstance(doc, dict) or not doc.get("runs"):
+            raise ProofError(f"--machine {name}={path}: no bench rows ('runs'): not what a proof "
+                             "step writes, or every step of it failed")
+        docs[name] = doc
+    if not docs:
+        raise ProofError("no --machine given: name each machine's proof.json as NAME=PATH")
+    return {"run": run, "date": date, "note": note, "machines": docs}
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    out = Path(args.write or f"docs/benchmarks/{args.date}-proof-run{args.run}.json")
+    try:
+        if not args.note.strip():
+            raise ProofError("--note is empty: say which machines, renders and steps the run holds")
+        doc = record(args.run, args.date, args.note, args.machine)
+        if out.exists() and not args.force:
+            raise ProofError(f"{out} exists: a run's raw record is not rewritten silently; "
+                             "give another --run, or --force")
+        r = resolve(args.tier)
+    except (ProofError, ProfileErrors) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for name, res in doc["machines"].items():
+        print(f"== machine {name}\n{assemble(res, r)}")
+    print(f"run {args.run}: {len(doc['machines'])} machine(s) -> {out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     pp = sub.add_parser("proof", help="the GPU proof: vanilla vLLM against the profile as imaged "
                         "(run on the GPU machine)")
@@ -1725,6 +1773,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "each served whole, and the one to ship chosen (`choose`)")
     p.add_argument("--write", metavar="FILE")
     p.set_defaults(func=cmd_plan)
+
+    p = psub.add_parser("record", help="write a run's raw record for docs/benchmarks from "
+                        "each machine's proof.json, and print each machine's table")
+    p.add_argument("--tier", default="h100")
+    p.add_argument("--run", type=int, required=True, help="the run's number in docs/benchmarks.md")
+    p.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    p.add_argument("--note", required=True,
+                   help="what the run holds: machines, renders, steps, what went wrong")
+    p.add_argument("--machine", action="append", default=[], metavar="NAME=PATH",
+                   help="a machine's proof.json, repeatable (one per machine the run used)")
+    p.add_argument("--write", metavar="FILE",
+                   help="default docs/benchmarks/DATE-proof-runN.json")
+    p.add_argument("--force", action="store_true", help="rewrite an existing record")
+    p.set_defaults(func=cmd_record)
 
     p = psub.add_parser("run", help="run a plan file, step by step")
     common(p)
