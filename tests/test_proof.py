@@ -265,10 +265,7 @@ def test_a_serving_step_makes_the_stand_ins_a_fresh_machine_lacks(
 
 
 def test_stand_in_folders_per_target(tmp_path: Path) -> None:
-    base = tmp_path / "model"
-    base.mkdir()
-    (base / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32,
-                                                  "vocab_size": 128256}))
+    base = base_model(tmp_path)
     made = proof.make_models(base)
     c70 = json.loads((Path(made["70b"]) / "config.json").read_text())
     assert (c70["hidden_size"], c70["num_hidden_layers"], c70["vocab_size"]) == (8192, 80, 128256)
