@@ -870,9 +870,7 @@ class Runner:
                              "model (config and tokenizer) there, or point MODEL_DIR at it")
         print(f"{path.name} is not beside {self.model_dir} yet: making the stand-ins (the models "
               "step) first", flush=True)
-        self.results["models"] = make_models(self.model_dir)
-        if not path.is_dir():  # a path no stand-in is made for: a catalog entry without one
-            raise ProofError(f"{path} is no stand-in the models step makes")
+        self.results["models"] = make_models(self.model_dir)  # every folder model_for/draft_for name
         return path
 
     def run(self) -> None:
@@ -1156,6 +1154,7 @@ class Runner:
         # acceptance length change no graph, so the starts after the first are warm (their ready
         # time says so).
         cache = self.work / f"cache-{self.resolved((*step.sets, *HOST_ONLY)).digest[:12]}"
+        draft = self.draft_for(r)
         env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
                # the stand-ins' one correction (standin/sitecustomize.py): a weightless EAGLE-3
                # head keeps the lm_head its checkpoint has instead of borrowing the target's
@@ -1163,7 +1162,7 @@ class Runner:
                    "PYTHONPATH", "")) if x),
                "MODEL_PATH": str(self.made(self.model_for(r, scales=step.fp8_scales))),
                # no draft (method none, a lookup): nothing reads the path, so nothing is made
-               "DRAFT_PATH": str(self.made(self.draft_for(r)) if spec.draft else self.draft_for(r)),
+               "DRAFT_PATH": str(self.made(draft) if spec.draft else draft),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
                **self._cache_env(cache), **({FP8_TABLE_ENV: str(table)} if table else {})}
         runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
