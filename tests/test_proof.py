@@ -1004,9 +1004,11 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     assert cli.main(args) == 0
     doc = json.loads(out.read_text())
     assert doc == {"run": 7, "date": "2026-11-25", "note": "two machines",
+                   "tiers": {"a": "h100", "b": "h100"},
                    "machines": {"a": json.loads(a.read_text()), "b": json.loads(b.read_text())}}
     shown = capsys.readouterr().out
     tables = shown.split("== machine ")
+    assert tables[1].startswith("a (h100)\n") and tables[2].startswith("b (h100)\n")
     # 300 against a's vanilla of 100 is 3.00x; against b's 200, 1.50x: never across machines
     assert "as-imaged           2    300.0   3.00" in tables[1]
     assert "as-imaged           2    300.0   1.50" in tables[2]
@@ -1014,7 +1016,12 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     before = out.read_text()
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
+    h200 = tmp_path / "h200.json"
+    h200.write_text(json.dumps({"tier": "h200", "runs": {"vanilla": [row(2, 100.0)]}}))
     for extra, why in ((["--machine", "a"], r"--machine 'a': want NAME=PATH"),
+                       (["--machine", f"a@={a}"], r"want NAME=PATH or NAME@TIER=PATH"),
+                       (["--machine", f"a@nope={a}"], "nope"),
+                       (["--machine", f"h@h100={h200}"], r"holds tier h200's steps. Fix: write h="),
                        (["--machine", f"a={a}", "--machine", f"a={b}"], "a: named twice"),
                        (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*: not a proof.json"),
                        (["--machine", f"x={bad}"], "no bench rows"),
@@ -1030,3 +1037,27 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     assert cli.main([*args[:-2], "--machine", f"c={b}", "--write", str(out)]) == 1
     assert "exists" in capsys.readouterr().err and out.read_text() == before
     assert cli.main([*args, "--force"]) == 0
+    # a run over two tiers (run 31): each machine's table is read against its own tier's render
+    both = tmp_path / "both.json"
+    assert cli.main(["proof", "record", "--run", "9", "--note", "n", "--write", str(both),
+                     "--machine", f"a={a}", "--machine", f"b@h200={b}",
+                     "--machine", f"c={h200}"]) == 0
+    assert json.loads(both.read_text())["tiers"] == {"a": "h100", "b": "h200", "c": "h200"}
+    assert "== machine b (h200)" in capsys.readouterr().out
+
+
+def test_one_out_folder_holds_one_tiers_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """proof.json says which tier's steps it holds, for its table and for `proof record`; a step
+    of another tier into the same --out is refused before it runs, in one line."""
+    ran: list[str] = []
+    monkeypatch.setattr(proof.Runner, "step_info", lambda self, step: ran.append(self.plan.tier))
+    out = tmp_path / "pout"
+    argv = ["proof", "step", "info", "--out", str(out), "--work", str(tmp_path / "w")]
+    assert cli.main([*argv, "--tier", "h200"]) == 0
+    assert json.loads((out / "proof.json").read_text())["tier"] == "h200"
+    assert cli.main([*argv, "--tier", "h100"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {out} holds tier h200's steps, not h100's. "
+                   "Fix: give this tier its own --out\n")
+    assert ran == ["h200"] and json.loads((out / "proof.json").read_text())["tier"] == "h200"

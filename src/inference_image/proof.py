@@ -875,6 +875,14 @@ class Runner:
 
     def run(self) -> None:
         self.load()
+        # One --out holds one tier's steps: its table reads every row against that tier's render
+        # (the roofline's model bytes, the published acceptance), and `proof record` reads the
+        # tier from here when a run spans tiers (run 31: an H100 and an H200).
+        had = self.results.get("tier")
+        if had and had != self.plan.tier:
+            raise ProofError(f"--out {self.out} holds tier {had}'s steps, not {self.plan.tier}'s. "
+                             "Fix: give this tier its own --out")
+        self.results["tier"] = self.plan.tier
         # `timeout` (the GPU machine's call limit) sends SIGTERM: end like Ctrl-C, so the step's
         # server is stopped and what was measured is saved.
         before = {sig: signal.signal(sig, self._interrupted)
@@ -1691,15 +1699,21 @@ def cmd_step(args: argparse.Namespace) -> int:
     return _start(args, plan)
 
 
-def record(run: int, date: str, note: str, machines: list[str]) -> dict[str, Any]:
+def record(run: int, date: str, note: str, machines: list[str],
+           tier: str = "h100") -> dict[str, Any]:
     """One run's raw record for docs/benchmarks: each machine's proof.json under its name, as
-    `NAME=PATH`. A run spans machines when the GPU machine is handed back between calls (a fresh
-    one starts bare), and rows of two machines are never one table: each keeps its own."""
+    `NAME=PATH` or `NAME@TIER=PATH`. A run spans machines when the GPU machine is handed back
+    between calls (a fresh one starts bare), and rows of two machines are never one table: each
+    keeps its own. Each machine's tier is the one its proof.json names, else the one given after
+    @, else `tier`; the record lists them under `tiers`."""
     docs: dict[str, Any] = {}
+    tiers: dict[str, str] = {}
     for spec in machines:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise ProofError(f"--machine {spec!r}: want NAME=PATH, e.g. a=/work/.device/2/proof.json")
+        key, sep, path = spec.partition("=")
+        name, at, given = key.partition("@")
+        if not sep or not name or not path or (at and not given):
+            raise ProofError(f"--machine {spec!r}: want NAME=PATH or NAME@TIER=PATH, e.g. "
+                             "a=/work/.device/2/proof.json")
         if name in docs:
             raise ProofError(f"--machine {name}: named twice; give each machine its own name")
         try:
@@ -1709,10 +1723,14 @@ def record(run: int, date: str, note: str, machines: list[str]) -> dict[str, Any
         if not isinstance(doc, dict) or not doc.get("runs"):
             raise ProofError(f"--machine {name}={path}: no bench rows ('runs'): not what a proof "
                              "step writes, or every step of it failed")
-        docs[name] = doc
+        own = doc.get("tier")
+        if own and given and own != given:
+            raise ProofError(f"--machine {spec}: its proof.json holds tier {own}'s steps. "
+                             f"Fix: write {name}={path} (or {name}@{own}={path})")
+        docs[name], tiers[name] = doc, own or given or tier
     if not docs:
         raise ProofError("no --machine given: name each machine's proof.json as NAME=PATH")
-    return {"run": run, "date": date, "note": note, "machines": docs}
+    return {"run": run, "date": date, "note": note, "tiers": tiers, "machines": docs}
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -1720,18 +1738,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     try:
         if not args.note.strip():
             raise ProofError("--note is empty: say which machines, renders and steps the run holds")
-        doc = record(args.run, args.date, args.note, args.machine)
+        doc = record(args.run, args.date, args.note, args.machine, args.tier)
         if out.exists() and not args.force:
             raise ProofError(f"{out} exists: a run's raw record is not rewritten silently; "
                              "give another --run, or --force")
-        r = resolve(args.tier)
+        renders = {t: resolve(t) for t in sorted(set(doc["tiers"].values()))}
     except (ProofError, ProfileErrors) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for name, res in doc["machines"].items():
-        print(f"== machine {name}\n{assemble(res, r)}")
+        tier = doc["tiers"][name]
+        print(f"== machine {name} ({tier})\n{assemble(res, renders[tier])}")
     print(f"run {args.run}: {len(doc['machines'])} machine(s) -> {out}")
     return 0
 
@@ -1775,13 +1794,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = psub.add_parser("record", help="write a run's raw record for docs/benchmarks from "
                         "each machine's proof.json, and print each machine's table")
-    p.add_argument("--tier", default="h100")
+    p.add_argument("--tier", default="h100",
+                   help="the tier of a machine whose proof.json names none (before run 31)")
     p.add_argument("--run", type=int, required=True, help="the run's number in docs/benchmarks.md")
     p.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     p.add_argument("--note", required=True,
                    help="what the run holds: machines, renders, steps, what went wrong")
-    p.add_argument("--machine", action="append", default=[], metavar="NAME=PATH",
-                   help="a machine's proof.json, repeatable (one per machine the run used)")
+    p.add_argument("--machine", action="append", default=[], metavar="NAME[@TIER]=PATH",
+                   help="a machine's proof.json, repeatable (one per machine the run used); "
+                   "@TIER where the file names no tier and it is not --tier")
     p.add_argument("--write", metavar="FILE",
                    help="default docs/benchmarks/DATE-proof-runN.json")
     p.add_argument("--force", action="store_true", help="rewrite an existing record")
