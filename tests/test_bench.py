@@ -52,8 +52,13 @@ def test_rows_of_different_scenarios_draw_different_prompts():
 
 def test_row_keeps_each_ttft_in_the_order_requests_were_sent():
     d = {"completed": 3, "ttfts": [0.05, 0.141, 0.0432], "start_times": [2.0, 1.0, 3.0]}
-    assert bench.row_from_result(d, "chat", 2, "x")["ttft_ms_each"] == [141.0, 50.0, 43.2]
+    row = bench.row_from_result(d, "chat", 2, "x")
+    assert row["ttft_ms_each"] == [141.0, 50.0, 43.2]
+    assert row["sent_ms_each"] == [0.0, 1000.0, 2000.0]
     assert "ttft_ms_each" not in bench.row_from_result({"completed": 1}, "chat", 1, "x")
+    # without send times the order is vLLM's, and no send time is made up
+    bare = bench.row_from_result({**d, "start_times": []}, "chat", 2, "x")
+    assert bare["ttft_ms_each"] == [50.0, 141.0, 43.2] and "sent_ms_each" not in bare
 
 
 def test_num_prompts_floor():

@@ -125,13 +125,20 @@ def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> di
 
 def ttft_each(d: dict[str, Any]) -> dict[str, list[float]]:
     """Each request's TTFT in ms, in the order the requests were sent (vLLM's detailed result;
-    empty where it has none)."""
+    empty where it has none), and when it was sent, ms after the row's first request: whether
+    two first tokens waited on one step of both prompts or one on the other's is in the sends
+    (run 31, chat c=2 on the h200: each of the image's requests waited ~157 ms, vanilla's ~88 and
+    ~180 in turn, and the rows held no send times to say why)."""
     ttfts, starts = d.get("ttfts") or [], d.get("start_times") or []
     if not ttfts:
         return {}
-    order = (sorted(range(len(ttfts)), key=lambda i: starts[i]) if len(starts) == len(ttfts)
-             else range(len(ttfts)))
-    return {"ttft_ms_each": [round(float(ttfts[i] or 0.0) * 1000, 1) for i in order]}
+    timed = len(starts) == len(ttfts)
+    order = sorted(range(len(ttfts)), key=lambda i: starts[i]) if timed else range(len(ttfts))
+    each = {"ttft_ms_each": [round(float(ttfts[i] or 0.0) * 1000, 1) for i in order]}
+    if timed:
+        first = float(starts[order[0]])
+        each["sent_ms_each"] = [round((float(starts[i]) - first) * 1000, 1) for i in order]
+    return each
 
 
 def cost_per_mtok(hourly_usd: float, output_tok_s: float) -> float | None:
