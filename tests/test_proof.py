@@ -768,6 +768,145 @@ def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
         srv.shutdown()
 
 
+def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done() -> None:
+    """The first-token trace beside decoding streams asks each stream for more tokens than it can
+    make while the prompts are timed; once they are, the streams are closed (the server sees its
+    clients go) rather than read to their end."""
+    import http.server
+    import threading
+
+    gone: list[float] = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for _ in range(3000):  # 30 s of tokens
+                    self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.01)
+            except (BrokenPipeError, ConnectionResetError):
+                gone.append(time.monotonic())
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        t0 = time.monotonic()
+        proof.decode_streams(url, "m", 2, lambda: time.sleep(0.3), prompt_tokens=8,
+                             end_after=True)
+        assert time.monotonic() - t0 < 5
+        deadline = time.monotonic() + 5
+        while len(gone) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(gone) == 2
+    finally:
+        srv.shutdown()
+
+
+def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`proof step trace --first-token-prompt N --step-concurrency C`: the prompts are sent while
+    C streams decode, timed without the profiler and then under it, and the steps around each
+    prompt's step are kept (a stand-in server here that writes vLLM's step annotations)."""
+    import http.server
+    import threading
+
+    work = tmp_path / "w"
+    tdir = work / "trace" / "beside"
+    lock = threading.Lock()
+    decoding = [0]
+    beside_of: list[int] = []  # how many streams were decoding when each prompt came
+    profiling: list[bool] = [False]
+    traced: list[int] = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size)) if size else {}
+            if self.path in ("/start_profile", "/stop_profile"):
+                profiling[0] = self.path == "/start_profile"
+                if not profiling[0]:
+                    steps = []
+                    for k, _ in enumerate(traced):
+                        t = 200_000.0 * k
+                        steps += [(t, "execute_context_0(0)_generation_2(8)", 20_000),
+                                  (t + 21_000, "execute_context_1(64)_generation_2(8)", 70_000)]
+                    tdir.joinpath("w.pt.trace.json").write_text(json.dumps({"traceEvents": [
+                        {"ph": "X", "cat": c, "name": n, "ts": t, "dur": d}
+                        for t, n, d in steps for c in ("gpu_user_annotation", "kernel")]}))
+                self.send_response(200)
+                self.end_headers()
+                return
+            self.send_response(200)
+            if not body.get("stream"):  # greedy
+                self.end_headers()
+                self.wfile.write(b'{"choices": [{"text": "x"}]}')
+                return
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            stream = body["max_tokens"] == proof.BESIDE_TOKENS
+            with lock:
+                if stream:
+                    decoding[0] += 1
+                elif decoding[0]:
+                    beside_of.append(decoding[0])
+                    if profiling[0]:
+                        traced.append(1)
+            try:
+                for _ in range(body["max_tokens"]):
+                    self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.01 if stream else 0)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                if stream:
+                    with lock:
+                        decoding[0] -= 1
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    class Started:
+        def wait_ready(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    r = resolve("h100")
+    monkeypatch.setattr(proof.Runner, "_instance", lambda self, step, extra="": (
+        r, [], {}, srv.server_address[1], tmp_path / "cache"))
+    monkeypatch.setattr(proof.Runner, "_start", lambda self, *a: Started())
+    step = proof.Step("trace", label="beside", prompt_tokens=64, concurrency=(2,))
+    runner = proof.Runner(plan=proof.Plan(steps=[step]), out=tmp_path / "o", work=work,
+                          model_dir=tmp_path / "m")
+    try:
+        runner.run()
+    finally:
+        srv.shutdown()
+    doc = json.loads((tmp_path / "o" / "proof.json").read_text())
+    assert "failed" not in doc, doc.get("failed")
+    t = doc["trace"]["beside"]
+    assert t["beside_streams"] == 2 and len(t["first_token_ms_beside"]) == 8
+    assert len(t["first_token_ms_profiled"]) == 4 and len(traced) == 4
+    # every timed prompt came while both streams decoded; the idle ones (32) while none did
+    assert beside_of == [2] * 12
+    assert [p["gpu_ms"] for p in t["prompt_steps"]] == [70.0] * 4
+    assert t["prompt_steps"][0]["steps"][0]["decoding"] == 2 and "bursts" not in t
+
+
 def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mirror = tmp_path / "OUT"

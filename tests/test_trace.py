@@ -111,3 +111,34 @@ def test_fa3_is_attention_and_a_cut_name_keeps_its_whole_text() -> None:
     assert top["gemm"]["full_name"] == gemm and "C<256>" in top["gemm"]["full_name"]
     assert top["attention"]["name"].endswith("<...>") and "full_name" not in top["norm"]
 
+
+
+def test_prompt_steps_list_the_steps_around_a_prompt_read_beside_decoding_streams() -> None:
+    """A first token sent while other streams decode (run 31's h200 c=2 gap): the trace lists the
+    steps around the one that reads the prompt, each with its GPU span, the GPU idle before it and
+    the host's time launching it, so the ms between send and first token can be placed."""
+    def step(name: str, ts: float, dur: float, cat: str = "gpu_user_annotation") -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    dec = "execute_context_0(0)_generation_1(4)"
+    mixed = "execute_context_1(512)_generation_1(4)"
+    short = "execute_context_1(64)_generation_1(4)"  # a prompt shorter than the probe's
+    events = [step(dec, 0, 20_000), step(dec, 21_000, 20_000), step(mixed, 45_000, 75_000),
+              step(dec, 125_000, 20_000), step(short, 146_000, 10_000),
+              step(dec, 45_000 - 30_000, 2_000, "user_annotation"),   # host: an older decode
+              step(mixed, 44_000, 3_000, "user_annotation"),          # host: launched the prompt
+              step(dec, 118_000, 1_500, "user_annotation"),
+              _k("cutlass_3x_sm90_gemm", 45_000, 70_000)]
+    (p,) = trace.prompt_steps(events, 512, before=2, after=1)
+    assert p["prompt_tokens"] == 512 and p["gpu_ms"] == 75.0
+    assert [s["at_ms"] for s in p["steps"]] == [-45.0, -24.0, 0.0, 80.0]
+    assert [s["idle_before_ms"] for s in p["steps"]] == [None, 1.0, 4.0, 5.0]
+    assert [s["this"] for s in p["steps"]] == [False, False, True, False]
+    this, after = p["steps"][2], p["steps"][3]
+    assert (this["host_ms"], this["prompts"], this["decoding"], this["decode_tokens"]) == (3.0, 1, 1, 4)
+    assert after["host_ms"] == 1.5 and p["steps"][0]["host_ms"] is None  # none began before it
+    lines = trace.prompt_steps_table([p])
+    assert lines[0] == "prompt step 1 (512 prompt tokens): GPU 75.0 ms"
+    assert lines[3].startswith("  > at     0.000 ms  GPU   75.000 ms")
+    # a trace with no step that long: nothing listed
+    assert trace.prompt_steps(events, 1024) == []

@@ -421,6 +421,10 @@ SERVED_SEED = 500
 SETTLE_SEED, SETTLE_CONCURRENCY = 700, 4
 # a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
 DECODE_WINDOW_S = 1.0
+# Tokens each decoding stream asks for while first tokens are timed beside it: more than it can
+# make while they are (8 prompts, 0.2 s apart: ~3 s; the h100 image makes ~500 tokens a second
+# a stream), so none ends early; the streams are closed once the prompts are done.
+BESIDE_TOKENS = 3072
 # a stack-sampling window (step stacks): ~500 decode steps of the 8B at c=64, at 1 ms a sample
 STACKS_WINDOW_S = 3.0
 # the end of a cut-off step's server log kept in proof.json
@@ -504,9 +508,11 @@ def random_ids(rng: random.Random, n: int) -> list[int]:
 
 
 def _stream(url: str, body: dict[str, Any], timeout_s: float = 300,
-            on_first: Callable[[], None] | None = None) -> float | None:
+            on_first: Callable[[], None] | None = None,
+            stop: threading.Event | None = None) -> float | None:
     """Send a streamed completion, read it to the end; ms to its first data line (None: none).
-    on_first: called the moment that line arrives."""
+    on_first: called the moment that line arrives; stop: once set, the stream is closed at its
+    next line (vLLM aborts a request whose client has gone)."""
     req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -517,6 +523,8 @@ def _stream(url: str, body: dict[str, Any], timeout_s: float = 300,
                 first = (time.perf_counter() - t0) * 1e3
                 if on_first:
                     on_first()
+            if stop is not None and stop.is_set():
+                break
     return first
 
 
@@ -550,14 +558,16 @@ def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
 
 def decode_streams(url: str, model: str, c: int, during: Callable[[], None],
                    prompt_tokens: int = 512, max_tokens: int = 1024, seed: int = 7,
-                   timeout_s: float = 600) -> None:
+                   timeout_s: float = 600, end_after: bool = False) -> None:
     """c streamed completions of `prompt_tokens` random ids at once; `during()` runs once every
     one of them has its first token, so the engine's steps from then on are decode steps of c
-    sequences (bench's chat row at c after its prefills). max_tokens outlasts what `during` does."""
+    sequences (bench's chat row at c after its prefills). max_tokens outlasts what `during` does;
+    end_after: the streams are closed once `during` returns instead of read to their end."""
     rng = random.Random(seed)
     prompts = [random_ids(rng, prompt_tokens) for _ in range(c)]
     lock = threading.Lock()
     first = threading.Event()
+    stop = threading.Event()
     started = [0]
     errors: list[BaseException] = []
 
@@ -571,7 +581,7 @@ def decode_streams(url: str, model: str, c: int, during: Callable[[], None],
         body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True,
                 "stream": True}
         try:
-            _stream(url, body, timeout_s, on_first=decoding)
+            _stream(url, body, timeout_s, on_first=decoding, stop=stop)
         except BaseException as exc:  # reported below, after the others end
             errors.append(exc)
             first.set()
@@ -585,6 +595,8 @@ def decode_streams(url: str, model: str, c: int, during: Callable[[], None],
                              f"{errors[0] if errors else 'timed out'}")
         during()
     finally:
+        if end_after:
+            stop.set()
         for t in threads:
             t.join(timeout_s)
     if errors:
@@ -1325,7 +1337,10 @@ class Runner:
         concurrency c > 1: c streams at once, traced for DECODE_WINDOW_S once all are decoding (a
         chat row's steady state at c). With prompt_tokens: the first token of long prompts, one at
         a time, timed first without the profiler (first_tokens), so the trace explains a measured
-        TTFT."""
+        TTFT; with prompt_tokens and a concurrency c, those prompts are sent while c other streams
+        decode (a bench row's later requests: run 31's h200 image took ~67 ms longer than vanilla
+        to a first token there, and the idle trace cannot show why), and the steps around each
+        prompt's are listed (trace.prompt_steps)."""
         label = step.name()
         tdir = self._fresh("trace", label)
         # no spaces: inference-run splits INFERENCE_EXTRA_ARGS on them
@@ -1337,6 +1352,7 @@ class Runner:
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n = step.prompt_tokens
         streams = max(step.concurrency, default=1) if not n else 1
+        beside = max(step.concurrency, default=0) if n else 0
 
         def profile(action: str) -> None:
             urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
@@ -1373,8 +1389,26 @@ class Runner:
                                               temperature=0.0)
                 timed = {"prompt_tokens": n, "first_token_ms": sampled,
                          "first_token_ms_greedy": greedy_ms}
+            if beside:
+                # timed without the profiler, then traced: each prompt after a pause, the streams
+                # decoding all the while (closed once the prompts are done, not read to their end)
+                def timed_beside() -> None:
+                    timed["first_token_ms_beside"] = first_tokens(url, model, n, n=8, seed=50,
+                                                                  pause_s=0.2)
+
+                def traced_beside() -> None:
+                    profile("start_profile")
+                    profiled.extend(first_tokens(url, model, n, n=4, seed=1, pause_s=0.2))
+                    profile("stop_profile")
+
+                decode_streams(url, model, beside, timed_beside, max_tokens=BESIDE_TOKENS,
+                               end_after=True)
+                timed["beside_streams"] = beside
             self._phase("tracing")
-            if streams > 1:
+            if beside:
+                decode_streams(url, model, beside, traced_beside, max_tokens=BESIDE_TOKENS,
+                               end_after=True)
+            elif streams > 1:
                 decode_streams(url, model, streams, window)
             else:
                 profile("start_profile")
@@ -1389,17 +1423,23 @@ class Runner:
         summary["file"] = biggest.name
         if streams > 1:
             summary["streams"] = streams
-        if n:
+        if n and not beside:
             summary["bursts"] = trace.bursts(events)
             summary["median_burst"] = trace.median_burst(summary["bursts"])
+        if beside:
+            summary["prompt_steps"] = trace.prompt_steps(events, n)
         if timed:
             timed["first_token_ms_profiled"] = profiled
             summary.update(timed)
             print(f"[{label}] first token of {n}-token prompts, median ms: "
                   f"{middle(timed['first_token_ms'])} sampled, "
-                  f"{middle(timed['first_token_ms_greedy'])} greedy", flush=True)
+                  f"{middle(timed['first_token_ms_greedy'])} greedy"
+                  + (f", {middle(timed['first_token_ms_beside'])} beside {beside} decoding "
+                     "stream(s)" if beside else ""), flush=True)
         self.results.setdefault("trace", {})[label] = summary
         print(trace.table(summary), flush=True)
+        if beside:
+            print("\n".join(trace.prompt_steps_table(summary["prompt_steps"])), flush=True)
 
     def step_stacks(self, step: Step) -> None:
         """The profile as imaged with proof_stacks.py's sampler in each of its processes: c streams
@@ -1830,7 +1870,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step-concurrency", type=bench._ints)
     p.add_argument("--first-token-prompt", type=int, default=0, metavar="N",
                    help="the first token of N-token prompts: timed idle and right after an "
-                   "answer (vanilla, profile), or traced instead of decode (trace)")
+                   "answer (vanilla, profile), or traced instead of decode (trace; with "
+                   "--step-concurrency C, sent while C other streams decode)")
     p.add_argument("--client-cpus", type=_cpus, metavar="CPUS",
                    help="vanilla, profile, trace: the clients on these CPUs (14,15 or 12-15), the "
                    "server on the others, as clients on other machines would be")

@@ -196,3 +196,64 @@ def table(s: dict[str, Any]) -> str:
                      f"{m['graph_launches']} graph + {m['kernel_launches']} kernel launches; "
                      + ", ".join(f"{k} {v}" for k, v in m["by_kind_ms"].items()))
     return "\n".join(lines)
+
+
+# vLLM's step annotation, both sides: requests and tokens reading a prompt, then decoding
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+
+
+def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
+                 after: int = 4) -> list[dict[str, Any]]:
+    """Each engine step that reads at least min_tokens prompt tokens, with the steps around it on
+    the GPU: where a first token sent beside decoding streams waits (run 31: on the h200 image a
+    prompt read beside one decoding stream took ~156 ms to its first token, vanilla's 89). For
+    each such step: the steps from `before` ahead of it to `after` past it, each with its start
+    (ms from the prompt step's), its GPU span, what it held, the GPU idle before it, and the host's
+    time in vLLM's execute_model for it."""
+    gpu = sorted((e for e in events if e.get("cat") == "gpu_user_annotation" and "dur" in e
+                  and STEP.match(e.get("name", ""))), key=lambda e: e["ts"])
+    host: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "user_annotation" and "dur" in e and STEP.match(e.get("name", "")):
+            host[e["name"]].append(e)
+    for spans in host.values():
+        spans.sort(key=lambda e: e["ts"])
+
+    def host_ms(e: dict[str, Any]) -> float | None:
+        # the host range that launched it: the latest of its name to begin before it ran
+        launched = [h for h in host.get(e["name"], []) if h["ts"] <= e["ts"]]
+        return round(launched[-1]["dur"] / 1e3, 3) if launched else None
+
+    out = []
+    for i, e in enumerate(gpu):
+        m = STEP.match(e["name"])
+        assert m is not None
+        if int(m[2]) < min_tokens:
+            continue
+        around = []
+        for j in range(max(0, i - before), min(len(gpu), i + after + 1)):
+            s = gpu[j]
+            c_req, c_tok, g_req, g_tok = map(int, STEP.match(s["name"]).groups())  # type: ignore[union-attr]
+            prev_end = gpu[j - 1]["ts"] + gpu[j - 1]["dur"] if j else None
+            around.append({"at_ms": round((s["ts"] - e["ts"]) / 1e3, 3),
+                           "gpu_ms": round(s["dur"] / 1e3, 3),
+                           "prompt_tokens": c_tok, "prompts": c_req,
+                           "decode_tokens": g_tok, "decoding": g_req,
+                           "idle_before_ms": (round((s["ts"] - prev_end) / 1e3, 3)
+                                              if prev_end is not None else None),
+                           "host_ms": host_ms(s), "this": j == i})
+        out.append({"prompt_tokens": int(m[2]), "gpu_ms": round(e["dur"] / 1e3, 3),
+                    "steps": around})
+    return out
+
+
+def prompt_steps_table(pieces: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for k, p in enumerate(pieces):
+        lines.append(f"prompt step {k + 1} ({p['prompt_tokens']} prompt tokens): GPU {p['gpu_ms']} ms")
+        lines += [f"  {'>' if s['this'] else ' '} at {s['at_ms']:>9.3f} ms  GPU {s['gpu_ms']:>8.3f} ms  "
+                  f"idle before {s['idle_before_ms'] if s['idle_before_ms'] is not None else '-':>7}"
+                  f"  host {s['host_ms'] if s['host_ms'] is not None else '-':>7}  "
+                  f"prompt {s['prompt_tokens']:>5} ({s['prompts']})  decode {s['decode_tokens']:>4} "
+                  f"({s['decoding']})" for s in p["steps"]]
+    return lines
