@@ -224,25 +224,24 @@ def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
         launched = [h for h in host.get(e["name"], []) if h["ts"] <= e["ts"]]
         return round(launched[-1]["dur"] / 1e3, 3) if launched else None
 
+    # (prompts, prompt tokens, decoding requests, decode tokens) of each step, in its order
+    held = [tuple(int(x) for x in STEP.findall(e["name"])[0]) for e in gpu]
     out = []
     for i, e in enumerate(gpu):
-        m = STEP.match(e["name"])
-        assert m is not None
-        if int(m[2]) < min_tokens:
+        if held[i][1] < min_tokens:
             continue
         around = []
         for j in range(max(0, i - before), min(len(gpu), i + after + 1)):
             s = gpu[j]
-            c_req, c_tok, g_req, g_tok = map(int, STEP.match(s["name"]).groups())  # type: ignore[union-attr]
             prev_end = gpu[j - 1]["ts"] + gpu[j - 1]["dur"] if j else None
             around.append({"at_ms": round((s["ts"] - e["ts"]) / 1e3, 3),
                            "gpu_ms": round(s["dur"] / 1e3, 3),
-                           "prompt_tokens": c_tok, "prompts": c_req,
-                           "decode_tokens": g_tok, "decoding": g_req,
+                           "prompts": held[j][0], "prompt_tokens": held[j][1],
+                           "decoding": held[j][2], "decode_tokens": held[j][3],
                            "idle_before_ms": (round((s["ts"] - prev_end) / 1e3, 3)
                                               if prev_end is not None else None),
                            "host_ms": host_ms(s), "this": j == i})
-        out.append({"prompt_tokens": int(m[2]), "gpu_ms": round(e["dur"] / 1e3, 3),
+        out.append({"prompt_tokens": held[i][1], "gpu_ms": round(e["dur"] / 1e3, 3),
                     "steps": around})
     return out
 
