@@ -28,8 +28,22 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 FULL_NAME = 2000
-# vLLM's step annotation: execute_context_N(prompt tokens)_generation_M(tokens); N=0 is decode
-DECODE_STEP = re.compile(r"execute_context_0\(0\)_generation_[1-9]")
+# vLLM's step annotation: execute_context_N(prompt tokens)_generation_M(tokens), N prompts being
+# read and M requests decoding
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+
+
+def step_held(name: str) -> tuple[int, int, int, int] | None:
+    """(prompts, prompt tokens, decoding requests, decode tokens) of a step annotation; None for
+    any other name."""
+    m = STEP.match(name)
+    return (int(m[1]), int(m[2]), int(m[3]), int(m[4])) if m else None
+
+
+def is_decode_step(name: str) -> bool:
+    """A step with no prompt token in it, decoding at least one request."""
+    held = step_held(name)
+    return held is not None and held[:2] == (0, 0) and held[2] > 0
 
 
 def kind_of(name: str, cat: str = "kernel") -> str:
@@ -84,7 +98,7 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     for e in events:
         if e.get("cat") == "gpu_user_annotation" and "dur" in e:
             notes[e["name"]].append(e["dur"])
-            if DECODE_STEP.match(e["name"]):
+            if is_decode_step(e["name"]):
                 starts.append(e["ts"])
         elif e.get("cat") == "user_annotation" and "dur" in e:
             host[e["name"]].append(e["dur"])
@@ -95,7 +109,7 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
                 "cuLaunchKernelEx", "cudaMemcpyAsync"):
             launches[e["name"]] += 1
     # decode steps (no prompt token in them): with a steady batch, what one step costs by kind
-    decode = [d for n, d in notes.items() if DECODE_STEP.match(n)]
+    decode = [d for n, d in notes.items() if is_decode_step(n)]
     steps = sum(len(d) for d in decode)
     # how often a step starts: above the step's own GPU time by what the GPU waited for the host
     # between steps (run 22: two starts of one configuration, the same GPU work a step, one every
@@ -198,9 +212,6 @@ def table(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# vLLM's step annotation, both sides: requests and tokens reading a prompt, then decoding
-STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
-
 
 def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
                  after: int = 4) -> list[dict[str, Any]]:
@@ -210,8 +221,9 @@ def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
     each such step: the steps from `before` ahead of it to `after` past it, each with its start
     (ms from the prompt step's), its GPU span, what it held, the GPU idle before it, and the host's
     time in vLLM's execute_model for it."""
-    gpu = sorted((e for e in events if e.get("cat") == "gpu_user_annotation" and "dur" in e
-                  and STEP.match(e.get("name", ""))), key=lambda e: e["ts"])
+    steps = sorted(((e, h) for e in events if e.get("cat") == "gpu_user_annotation" and "dur" in e
+                    and (h := step_held(e.get("name", ""))) is not None), key=lambda eh: eh[0]["ts"])
+    gpu, held = [e for e, _ in steps], [h for _, h in steps]
     host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         if e.get("cat") == "user_annotation" and "dur" in e and STEP.match(e.get("name", "")):
@@ -224,8 +236,6 @@ def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
         launched = [h for h in host.get(e["name"], []) if h["ts"] <= e["ts"]]
         return round(launched[-1]["dur"] / 1e3, 3) if launched else None
 
-    # (prompts, prompt tokens, decoding requests, decode tokens) of each step, in its order
-    held = [tuple(int(x) for x in STEP.findall(e["name"])[0]) for e in gpu]
     out = []
     for i, e in enumerate(gpu):
         if held[i][1] < min_tokens:
