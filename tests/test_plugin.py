@@ -124,6 +124,33 @@ def test_every_gemv_config_tune_tries_is_a_valid_name():
     assert len(set(dispatch.GEMV_CONFIGS)) == len(dispatch.GEMV_CONFIGS) == 10
 
 
+def test_prefill_rows_are_covered_in_ranges_each_measured_at_both_ends():
+    """Past the CUDA-graph sizes a step's GEMMs run at its exact row count, so the table covers
+    ranges up to the step budget, narrow where Cutlass' 256-row jumps cost the most."""
+    from inference_image_vllm import tune
+
+    r = tune.prefill_ranges(128, 2048)
+    assert r[:2] == [(129, 192), (193, 256)] and (513, 576) in r and r[-1] == (1921, 2048)
+    assert all(b == a + 1 for (_, a), (b, _) in itertools.pairwise(r))  # no row left out
+    assert {last - first + 1 for first, last in r} == {64, 128}
+    assert tune.prefill_ranges(128, 1000)[-1] == (961, 1000) and tune.prefill_ranges(128, 0) == []
+    assert len(tune.prefill_ranges(128, 8192)) == 38
+    # the range is decided on both ends' times together, among kernels as accurate as Cutlass
+    err = {"cutlass": 0.01, "cublaslt": 0.01, "cublaslt_fast": 0.05}
+    assert tune.pick({"cutlass": 114 + 99, "cublaslt": 58 + 66, "cublaslt_fast": 50 + 50},
+                     err, 0.03) == "cublaslt"
+    assert tune.pick({"cutlass": 100, "cublaslt": 98, "cublaslt_fast": 50}, err, 0.03) == "cutlass"
+
+
+def test_a_prefill_row_count_runs_its_ranges_kernel(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"capability": "9.0", "shapes": {"8192,8192": [
+        [128, "cutlass"], [512, "cutlass"], [576, "cublaslt"], [2048, "cutlass"]]}}))
+    t = dispatch.Table(str(p))
+    assert [t.kernel(m, 8192, 8192) for m in (512, 513, 576, 577, 2048, 2049)] == \
+        ["cutlass", "cublaslt", "cublaslt", "cutlass", "cutlass", "cutlass"]
+
+
 def test_tune_shapes_for_any_llama_and_its_tensor_parallel_split():
     from inference_image_vllm import tune
     # the 8B's four projections are the ones the packaged table covers

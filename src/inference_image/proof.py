@@ -706,7 +706,7 @@ def with_acceptance(args_file: Path, length: float | None = None,
 
 
 def tune_models(r: Resolved, profiles_dir: Path | None = None) -> list[str]:
-    """tune's --model arguments: the shapes one GPU multiplies (the 70B at TP=2 splits each
+    """tune's --model and --prefill-to arguments: the shapes one GPU multiplies (the 70B at TP=2 splits each
     projection in two) for every FP8 tier on this tier's GPU model, this tier's first. The plugin
     picks its table by GPU name before architecture, so a table tuned on an H100 must hold the
     h100 tier's 8B and the h100x8 tier's 70B at TP=2 alike."""
@@ -715,9 +715,13 @@ def tune_models(r: Resolved, profiles_dir: Path | None = None) -> list[str]:
     same = [r] + [x for x in (resolve(t, pdir) for t in list_tiers(pdir) if t != r.profile.tier)
                   if x.profile.hardware.gpu_model == gpu]
     args: list[str] = []
+    budget = 0
     for x in same:
         if x.profile.model.quantization == "none":
             continue
+        # prefill steps run at their exact row count, up to the largest token budget a step has
+        # (vLLM 0.26's default where a profile sets none)
+        budget = max(budget, x.profile.serving.max_num_batched_tokens or 8192)
         t, tp = x.target, x.profile.serving.tensor_parallel_size
         if not t.intermediate_size:
             raise ProofError(f"{x.profile.model.target} (tier {x.profile.tier}): the catalog has "
@@ -727,7 +731,7 @@ def tune_models(r: Resolved, profiles_dir: Path | None = None) -> list[str]:
              f"{t.head_dim},{tp}")
         if m not in args:
             args += ["--model", m]
-    return args
+    return [*args, "--prefill-to", str(budget)] if args else []
 
 
 def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:

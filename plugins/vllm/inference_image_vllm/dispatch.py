@@ -3,10 +3,13 @@
 vLLM 0.26 runs every FP8 linear layer on one kernel family (Cutlass on Hopper unless told
 otherwise). Measured inside CUDA graphs on an H200, Cutlass' tile configuration for 17-32 rows is
 its slowest, while cuBLASLt (torch._scaled_mm) is slower at 1-16 rows and faster at some larger
-ones (docs/benchmarks.md). The table names the faster kernel for each weight shape and each batch
-size vLLM captures a CUDA graph for; a batch runs the entry of the smallest measured size that
-holds it (the size vLLM pads it to). Shapes or sizes the table does not cover run Cutlass, and
-so does everything on a GPU of another compute capability than the table was measured on.
+ones; past 128 rows Cutlass' time jumps at every 256 rows plus one (a 513-row prefill step, a
+512-token prompt beside one decoding stream, took twice a 512-row one; docs/benchmarks.md). The
+table names the faster kernel for each weight shape and each batch size vLLM captures a CUDA graph
+for, then for row ranges up to a step's token budget; a batch runs the entry of the smallest
+measured size that holds it (the size vLLM pads it to, or the range it falls in). Shapes or sizes
+the table does not cover run Cutlass, and so does everything on a GPU of another compute
+capability than the table was measured on.
 
 A table measured on the GPU by name (`tables/<name>.json`, e.g. `nvidia-h200.json`) is used before
 the one for its architecture (`tables/hopper.json`): the H100 and H200 share compute capability 9.0
@@ -18,6 +21,7 @@ At 1-4 rows a table may also name a Triton GEMV block shape, `triton:BLOCK_N:BLO
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -58,12 +62,15 @@ class Table:
                         raise ValueError(f"{path}: {key}: {kern} at {m} rows; the Triton GEMV "
                                          f"serves at most {GEMV_MAX_M}")
                 self.entries[(n, k)] = pairs
+        self._sizes = {nk: [m for m, _ in pairs] for nk, pairs in self.entries.items()}
 
     def kernel(self, m: int, n: int, k: int) -> str:
-        for size, kern in self.entries.get((n, k), ()):
-            if m <= size:
-                return kern
-        return "cutlass"
+        # bisected: an eager prefill step asks 320 times (the 70B), each over ~40 entries
+        sizes = self._sizes.get((n, k))
+        if sizes is None:
+            return "cutlass"
+        i = bisect.bisect_left(sizes, m)
+        return self.entries[(n, k)][i][1] if i < len(sizes) else "cutlass"
 
 
 def document(shapes: dict[str, list[list[object]]], *, device: str, capability: str,
