@@ -1154,7 +1154,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                        (["--machine", f"h@h100={h200}"], r"holds tier h200's steps. Fix: write h="),
                        (["--machine", f"a={a}", "--machine", f"a={b}"], "a: named twice"),
                        (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*: not a proof.json"),
-                       (["--machine", f"x={bad}"], "no bench rows"),
+                       (["--machine", f"x={bad}"], "no bench rows, trace, tune"),
                        ([], "no --machine given"),
                        (["--machine", f"a={a}", "--note", " "], "--note is empty")):
         argv = ["proof", "record", "--run", "8", "--note", "n", "--write",
@@ -1174,6 +1174,12 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                      "--machine", f"c={h200}"]) == 0
     assert json.loads(both.read_text())["tiers"] == {"a": "h100", "b": "h200", "c": "h200"}
     assert "== machine b (h200)" in capsys.readouterr().out
+    # a machine that only traced (run 32's first) is a measurement too, listed by its traces
+    traced = tmp_path / "traced.json"
+    traced.write_text(json.dumps({"tier": "h200", "trace": {"beside-c1": {"window_ms": 1.0}}}))
+    assert cli.main(["proof", "record", "--run", "10", "--note", "n", "--write",
+                     str(tmp_path / "t.json"), "--machine", f"t={traced}"]) == 0
+    assert "traces: beside-c1" in capsys.readouterr().out
 
 
 def test_one_out_folder_holds_one_tiers_steps(
