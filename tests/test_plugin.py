@@ -86,6 +86,11 @@ def test_packaged_h200_table_covers_the_h200_tiers_shapes():
     assert data["device"] == "NVIDIA H200" and data["capability"] == "9.0"
     assert set(data["shapes"]) == want
     assert_every_shape_covers_the_graph_sizes(path)
+    # and every prefill step the tier runs (run 32: Cutlass doubled a 513-row step's GEMMs), up to
+    # the budget tune was given: a table re-tuned without --prefill-to would drop that silently
+    budget = int(args[args.index("--prefill-to") + 1])
+    assert budget == resolve("h200").profile.serving.max_num_batched_tokens
+    assert {rows[-1][0] for rows in dispatch.Table(str(path)).entries.values()} == {budget}
 
 
 def test_a_table_written_by_tune_is_used_on_its_own_compute_capability(tmp_path, monkeypatch):
