@@ -706,10 +706,11 @@ def with_acceptance(args_file: Path, length: float | None = None,
 
 
 def tune_models(r: Resolved, profiles_dir: Path | None = None) -> list[str]:
-    """tune's --model and --prefill-to arguments: the shapes one GPU multiplies (the 70B at TP=2 splits each
-    projection in two) for every FP8 tier on this tier's GPU model, this tier's first. The plugin
-    picks its table by GPU name before architecture, so a table tuned on an H100 must hold the
-    h100 tier's 8B and the h100x8 tier's 70B at TP=2 alike."""
+    """tune's --model and --prefill-to arguments: the shapes one GPU multiplies (the 70B at TP=2
+    splits each projection in two) for every FP8 tier on this tier's GPU model, this tier's first,
+    and the largest step those tiers run. The plugin picks its table by GPU name before
+    architecture, so a table tuned on an H100 must hold the h100 tier's 8B and the h100x8 tier's
+    70B at TP=2 alike."""
     pdir = profiles_dir or default_profiles_dir()
     gpu = r.profile.hardware.gpu_model
     same = [r] + [x for x in (resolve(t, pdir) for t in list_tiers(pdir) if t != r.profile.tier)

@@ -212,7 +212,6 @@ def table(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-
 def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
                  after: int = 4) -> list[dict[str, Any]]:
     """Each engine step that reads at least min_tokens prompt tokens, with the steps around it on

@@ -25,6 +25,7 @@ import bisect
 import json
 import os
 import re
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,15 +63,12 @@ class Table:
                         raise ValueError(f"{path}: {key}: {kern} at {m} rows; the Triton GEMV "
                                          f"serves at most {GEMV_MAX_M}")
                 self.entries[(n, k)] = pairs
-        self._sizes = {nk: [m for m, _ in pairs] for nk, pairs in self.entries.items()}
 
     def kernel(self, m: int, n: int, k: int) -> str:
         # bisected: an eager prefill step asks 320 times (the 70B), each over ~40 entries
-        sizes = self._sizes.get((n, k))
-        if sizes is None:
-            return "cutlass"
-        i = bisect.bisect_left(sizes, m)
-        return self.entries[(n, k)][i][1] if i < len(sizes) else "cutlass"
+        pairs = self.entries.get((n, k), [])
+        i = bisect.bisect_left(pairs, m, key=itemgetter(0))
+        return pairs[i][1] if i < len(pairs) else "cutlass"
 
 
 def document(shapes: dict[str, list[list[object]]], *, device: str, capability: str,

@@ -97,11 +97,15 @@ def prefill_ranges(max_m: int, to: int) -> list[tuple[int, int]]:
     return out
 
 
+def accurate(err: dict[str, float]) -> list[str]:
+    """The kernels as accurate as Cutlass: at most twice its error, plus 1e-3."""
+    return [kk for kk in err if err[kk] <= 2 * err["cutlass"] + 1e-3]
+
+
 def pick(t: dict[str, float], err: dict[str, float], margin: float) -> str:
-    """The kernel of least time among those as accurate as Cutlass (at most twice its error, plus
-    1e-3); Cutlass unless that one is at least `margin` faster."""
-    ok = [kk for kk in t if err[kk] <= 2 * err["cutlass"] + 1e-3]
-    best = min(ok, key=lambda kk: t[kk])
+    """The kernel of least time among the accurate ones; Cutlass unless that one is at least
+    `margin` faster."""
+    best = min(accurate(err), key=lambda kk: t[kk])
     return "cutlass" if best != "cutlass" and t[best] > (1 - margin) * t["cutlass"] else best
 
 
@@ -205,7 +209,7 @@ def main() -> None:
                 "chosen": best,
             }
             if gemvs:  # the fastest accurate block shape, and every one's time
-                ok = [kk for kk in gemvs if err[kk] <= 2 * err["cutlass"] + 1e-3]
+                ok = [kk for kk in accurate(err) if kk in gemvs]
                 g = min(ok, key=lambda kk: t[kk], default=gemvs[0])
                 row.update(triton=g, triton_us=round(t[g], 2), triton_err=round(err[g], 5),
                            triton_all_us={kk: round(t[kk], 2) for kk in gemvs})
