@@ -578,6 +578,76 @@ def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() 
         assert p["idle_median_ms"] == sorted(p["idle_ms"])[4]
 
 
+def test_first_token_prompts_can_share_a_cached_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    """--first-token-prefix P: every timed prompt begins with the same P ids, one prompt with
+    them is sent before the timed ones (so each first token reads a prefix-cache hit), and the
+    rest of each prompt is new."""
+    plan = proof.Plan(steps=[proof.Step("trace", label="hit", prompt_tokens=64,
+                                        first_token_prefix=48)])
+    assert proof.Plan.from_json(plan.to_json()).steps[0].first_token_prefix == 48
+    seen: list[dict[str, Any]] = []
+
+    class Stream(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: {\"choices\": [{\"text\": \"a\"}]}\n\ndata: [DONE]\n\n")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    head = proof.shared_prefix(48)
+    assert len(head) == 48 and head == proof.shared_prefix(48)
+    with served(Stream) as url:
+        p = proof.first_token_probes(url, "m", 64, answer=32, prefix=48)
+    cached, rest = seen[0], seen[1:]
+    assert cached["max_tokens"] == 1 and cached["prompt"][:48] == head
+    # 8 idle prompts, then 8 each after an answer: all 64 ids, the prefix first, new past it
+    assert len(rest) == 24 and all(len(b["prompt"]) == 64 and b["prompt"][:48] == head
+                                   for b in rest)
+    assert len({tuple(b["prompt"][48:]) for b in seen}) == 25
+    assert p["prefix_tokens"] == 48 and len(p["idle_ms"]) == len(p["after_answer_ms"]) == 8
+    # without one, no prompt is sent ahead and none shares a start
+    del seen[:]
+    with served(Stream) as url:
+        proof.first_tokens(url, "m", 64, n=3, seed=5)
+    assert len(seen) == 3 and len({tuple(b["prompt"][:48]) for b in seen}) == 3
+
+
+def test_info_off_the_gpu_machine_fails_its_step_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
+    assert cli.main(["proof", "step", "info", "--out", str(tmp_path / "o"),
+                     "--work", str(tmp_path / "w")]) == 1
+    doc = json.loads((tmp_path / "o" / "proof.json").read_text())
+    assert doc["failed"]["info"].startswith("no nvidia-smi here: the proof's steps run on the GPU")
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.startswith("error: step(s) info failed: ") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("prompt", "prefix", "why"), [
+    (0, 16, "first_token_prefix: it is the shared start of the first-token prompts; give their "
+     "length too"),
+    (64, 64, "first_token_prefix: 64 leaves nothing new of a 64-token prompt"),
+    (64, -1, "first_token_prefix: -1 is no length of tokens"),
+])
+def test_a_first_token_prefix_that_cannot_be_read_is_refused_naming_the_flag(
+        prompt: int, prefix: int, why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    step = proof.Step("trace", prompt_tokens=prompt, first_token_prefix=prefix)
+    assert (proof.step_problem(step) or "").startswith(why)
+    with pytest.raises(proof.ProofError, match=f"plan step 0: {re.escape(why)}"):
+        proof.Plan.from_json(proof.Plan(steps=[step]).to_json())
+    argv = ["proof", "step", "trace", "--first-token-prefix", str(prefix)]
+    if prompt:
+        argv += ["--first-token-prompt", str(prompt)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --first-token-prefix: ") and len(err.strip().splitlines()) == 1
+
+
 def test_the_plugin_a_proof_serves_with_is_this_trees(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     site = tmp_path / "site"
@@ -808,12 +878,16 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
         assert len(gone) == 2
 
 
+@pytest.mark.parametrize("pre", [0, 48])
 def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pre: int) -> None:
     """`proof step trace --first-token-prompt N --step-concurrency C`: the prompts are sent while
     C streams decode, timed without the profiler and then under it, and the steps around each
-    prompt's step are kept (a stand-in server here that writes vLLM's step annotations)."""
+    prompt's step are kept (a stand-in server here that writes vLLM's step annotations). With
+    --first-token-prefix P each prompt begins with the cached P tokens, and its step reads the
+    rest."""
     work = tmp_path / "w"
+    prompts: list[list[int]] = []
     tdir = work / "trace" / "beside"
     lock = threading.Lock()
     decoding = [0]
@@ -832,7 +906,8 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
                     for k, _ in enumerate(traced):
                         t = 200_000.0 * k
                         steps += [(t, "execute_context_0(0)_generation_2(8)", 20_000),
-                                  (t + 21_000, "execute_context_1(64)_generation_2(8)", 70_000)]
+                                  (t + 21_000, f"execute_context_1({64 - pre})_generation_2(8)",
+                                   70_000)]
                     tdir.joinpath("w.pt.trace.json").write_text(json.dumps({"traceEvents": [
                         {"ph": "X", "cat": c, "name": n, "ts": t, "dur": d}
                         for t, n, d in steps for c in ("gpu_user_annotation", "kernel")]}))
@@ -848,6 +923,8 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
             self.end_headers()
             stream = body["max_tokens"] == proof.BESIDE_TOKENS
             with lock:
+                if not stream:
+                    prompts.append(body["prompt"])
                 if stream:
                     decoding[0] += 1
                 elif decoding[0]:
@@ -879,7 +956,8 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
 
     r = resolve("h100")
     monkeypatch.setattr(proof.Runner, "_start", lambda self, *a: Started())
-    step = proof.Step("trace", label="beside", prompt_tokens=64, concurrency=(2,))
+    step = proof.Step("trace", label="beside", prompt_tokens=64, concurrency=(2,),
+                      first_token_prefix=pre)
     runner = proof.Runner(plan=proof.Plan(steps=[step]), out=tmp_path / "o", work=work,
                           model_dir=tmp_path / "m")
     with served(Server) as url:
@@ -896,6 +974,10 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
     assert beside_of == [2] * 12
     assert [p["gpu_ms"] for p in t["prompt_steps"]] == [70.0] * 4
     assert t["prompt_steps"][0]["steps"][0]["decoding"] == 2 and "bursts" not in t
+    assert t["prefix_tokens"] == pre and t["prompt_steps"][0]["prompt_tokens"] == 64 - pre
+    starts = {tuple(p[:48]) for p in prompts}
+    assert len(prompts) == 4 + 32 + 8 + 4 + (1 if pre else 0)
+    assert starts == {tuple(proof.shared_prefix(48))} if pre else len(starts) == len(prompts)
 
 
 def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(

@@ -73,6 +73,15 @@ def step_problem(step: Step) -> str | None:
         return f"client_cpus: only {', '.join(PINNABLE)} steps pin their clients; drop it from this step"
     if step.fp8_table and step.fp8_table not in FP8_TABLES:
         return f"fp8_table: {step.fp8_table!r} is not one of {', '.join(FP8_TABLES)}"
+    if step.first_token_prefix < 0:
+        return (f"first_token_prefix: {step.first_token_prefix} is no length of tokens; give 0 "
+                "(no shared prefix) or more")
+    if step.first_token_prefix and not step.prompt_tokens:
+        return ("first_token_prefix: it is the shared start of the first-token prompts; give "
+                "their length too (--first-token-prompt)")
+    if step.prompt_tokens and step.first_token_prefix >= step.prompt_tokens:
+        return (f"first_token_prefix: {step.first_token_prefix} leaves nothing new of a "
+                f"{step.prompt_tokens}-token prompt to read; make it shorter than the prompt")
     if step.fp8_table and step.kind not in RENDERED:
         return (f"fp8_table: only {', '.join(RENDERED)} steps serve the profile's FP8 table; "
                 "drop it from this step")
@@ -146,6 +155,10 @@ class Step:
     # N: the first token of N-token prompts (TTFT at c=1 without bench's harness): vanilla and
     # profile time it idle and right after an answer; trace traces it instead of decode
     prompt_tokens: int = 0
+    # P < N: every one of those prompts begins with the same P tokens, cached by a prompt sent
+    # before, so each first token reads a prefix-cache hit (bench's shared-prefix scenario after
+    # its first request, where run 35's h100 image was slower to a first token than vanilla)
+    first_token_prefix: int = 0
     # the target's FP8 stand-in scaled otherwise than the catalog's checkpoint (FP8_STANDIN's
     # keys): what a checkpoint of that kind would serve, before the catalog names one
     fp8_scales: str = ""
@@ -192,6 +205,7 @@ class Plan:
                               concurrency=tuple(s.get("concurrency", ())),
                               scenarios=tuple(s.get("scenarios", ())),
                               prompt_tokens=int(s.get("prompt_tokens", 0)),
+                              first_token_prefix=int(s.get("first_token_prefix", 0)),
                               fp8_scales=str(s.get("fp8_scales", "")),
                               client_cpus=tuple(s.get("client_cpus", ())),
                               fp8_table=str(s.get("fp8_table", "")),
@@ -528,20 +542,37 @@ def _stream(url: str, body: dict[str, Any], timeout_s: float = 300,
     return first
 
 
+# the seed of the one prefix every prefixed first-token prompt begins with (shared_prefix)
+PREFIX_SEED = 35
+
+
+def shared_prefix(tokens: int) -> list[int]:
+    """The first `tokens` ids of every prompt of a prefix-hit probe: one fixed draw."""
+    return random_ids(random.Random(PREFIX_SEED), tokens)
+
+
 def first_tokens(url: str, model: str, tokens: int, n: int = 8, seed: int = 0,
                  max_tokens: int = 4, after: int = 0, pause_s: float = 0.0,
-                 temperature: float | None = None) -> list[float]:
+                 temperature: float | None = None, prefix: int = 0) -> list[float]:
     """Milliseconds to the first streamed token of n prompts of `tokens` random token ids, one at a
     time: bench's TTFT at c=1 without its harness (the same request: streamed, no temperature,
     the server's default sampling). Each prompt is new (a seeded draw), so no prefix-cache hit
     shortens a prefill. after=N: each is sent the moment an N-token answer to another prompt has
-    ended, as bench's closed loop at c=1 sends them; pause_s: each after an idle pause instead."""
+    ended, as bench's closed loop at c=1 sends them; pause_s: each after an idle pause instead.
+    prefix=P: every prompt (the answered ones too) begins with shared_prefix(P), new from there;
+    once cache_prefix has cached it, each first token reads a hit on P tokens rounded down to
+    vLLM's cache blocks (with an EAGLE head, one block fewer)."""
     rng = random.Random(seed)
+    head = shared_prefix(prefix) if prefix else []
+
+    def prompt() -> list[int]:
+        return head + random_ids(rng, tokens - len(head))
+
     out = []
     for _ in range(n):
-        ids = random_ids(rng, tokens)
+        ids = prompt()
         if after:
-            _stream(url, {"model": model, "prompt": random_ids(rng, tokens), "max_tokens": after,
+            _stream(url, {"model": model, "prompt": prompt(), "max_tokens": after,
                           "ignore_eos": True, "stream": True})
         elif pause_s:
             time.sleep(pause_s)
@@ -620,13 +651,25 @@ def engine_steps(url: str) -> tuple[float, float]:
         return parse_engine_steps(resp.read().decode())
 
 
-def first_token_probes(url: str, model: str, tokens: int, answer: int) -> dict[str, Any]:
+def cache_prefix(url: str, model: str, tokens: int, prefix: int) -> None:
+    """One unmeasured `tokens`-token prompt that begins with shared_prefix(prefix), so that the
+    server holds the prefix's KV before first_tokens(prefix=...) times hits on it."""
+    ids = shared_prefix(prefix) + random_ids(random.Random(PREFIX_SEED + 1), tokens - prefix)
+    _stream(url, {"model": model, "prompt": ids, "max_tokens": 1, "ignore_eos": True,
+                  "stream": True})
+
+
+def first_token_probes(url: str, model: str, tokens: int, answer: int,
+                       prefix: int = 0) -> dict[str, Any]:
     """The first token of a `tokens`-token prompt sent to an idle server (after a pause) and sent
     the moment an `answer`-token answer ends (bench's closed loop at c=1): a difference is a step
-    the server still runs for the answer that ended."""
-    idle = first_tokens(url, model, tokens, seed=11, pause_s=0.25)
-    closed = first_tokens(url, model, tokens, seed=12, after=answer)
-    return {"prompt_tokens": tokens, "answer_tokens": answer, "idle_ms": idle,
+    the server still runs for the answer that ended. prefix: as first_tokens', cached first."""
+    if prefix:
+        cache_prefix(url, model, tokens, prefix)
+    idle = first_tokens(url, model, tokens, seed=11, pause_s=0.25, prefix=prefix)
+    closed = first_tokens(url, model, tokens, seed=12, after=answer, prefix=prefix)
+    return {"prompt_tokens": tokens, "prefix_tokens": prefix, "answer_tokens": answer,
+            "idle_ms": idle,
             "after_answer_ms": closed, "idle_median_ms": middle(idle),
             "after_answer_median_ms": middle(closed)}
 
@@ -934,6 +977,9 @@ class Runner:
             self.save()
 
     def step_info(self, step: Step) -> None:
+        if shutil.which("nvidia-smi") is None:
+            raise ProofError("no nvidia-smi here: the proof's steps run on the GPU machine, with "
+                             "its driver (docs/benchmarks.md gives each run's commands)")
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True,
                              check=False).stdout.strip().splitlines()
@@ -1064,7 +1110,8 @@ class Runner:
             if step.prompt_tokens:
                 self._phase("the first-token probes")
                 probe = first_token_probes(f"http://127.0.0.1:{port}", model, step.prompt_tokens,
-                                           bench.SCENARIOS["chat"].output_len)
+                                           bench.SCENARIOS["chat"].output_len,
+                                           step.first_token_prefix)
                 self.results.setdefault("first_token", {})[label] = probe
                 print(f"[{label}] first token, median ms: idle {probe['idle_median_ms']}, "
                       f"after a {probe['answer_tokens']}-token answer "
@@ -1345,7 +1392,9 @@ class Runner:
         TTFT; with prompt_tokens and a concurrency c, those prompts are sent while c other streams
         decode (a bench row's later requests: run 31's h200 image took ~67 ms longer than vanilla
         to a first token there, and the idle trace cannot show why), and the steps around each
-        prompt's are listed (trace.prompt_steps)."""
+        prompt's are listed (trace.prompt_steps). With first_token_prefix: every one of those
+        prompts begins with the same tokens, cached in the warm-up, so each traced first token
+        reads a prefix-cache hit."""
         label = step.name()
         tdir = self._fresh("trace", label)
         # no spaces: inference-run splits INFERENCE_EXTRA_ARGS on them
@@ -1355,7 +1404,7 @@ class Runner:
         r, runner, env, port, _ = self._instance(step, f"--profiler-config {cfg}")
         srv = self._start(label, runner, env, port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
-        n = step.prompt_tokens
+        n, pre = step.prompt_tokens, step.first_token_prefix
         streams = max(step.concurrency, default=1) if not n else 1
         beside = max(step.concurrency, default=0) if n else 0
 
@@ -1373,7 +1422,7 @@ class Runner:
             if n:
                 # one token: each request is one engine step (prefill and first proposals), so
                 # the trace's pieces (trace.bursts) are those steps
-                return first_tokens(url, model, n, seed=1, max_tokens=1)
+                return first_tokens(url, model, n, seed=1, max_tokens=1, prefix=pre)
             greedy(url, model)
             return []
 
@@ -1384,26 +1433,30 @@ class Runner:
             # warm-up: anything compiled on first use is compiled now
             greedy(url, model)
             if n:
-                first_tokens(url, model, n, n=4, seed=2)
+                if pre:
+                    cache_prefix(url, model, n, pre)
+                first_tokens(url, model, n, n=4, seed=2, prefix=pre)
                 # the server's default sampling (as bench sends it) and greedy, alternating
                 sampled: list[float] = []
                 greedy_ms: list[float] = []
                 for i in range(8):
-                    sampled += first_tokens(url, model, n, n=2, seed=30 + i, pause_s=0.1)
+                    sampled += first_tokens(url, model, n, n=2, seed=30 + i, pause_s=0.1,
+                                            prefix=pre)
                     greedy_ms += first_tokens(url, model, n, n=2, seed=40 + i, pause_s=0.1,
-                                              temperature=0.0)
-                timed = {"prompt_tokens": n, "first_token_ms": sampled,
+                                              temperature=0.0, prefix=pre)
+                timed = {"prompt_tokens": n, "prefix_tokens": pre, "first_token_ms": sampled,
                          "first_token_ms_greedy": greedy_ms}
             if beside:
                 # timed without the profiler, then traced: each prompt after a pause, the streams
                 # decoding all the while (closed once the prompts are done, not read to their end)
                 def timed_beside() -> None:
                     timed["first_token_ms_beside"] = first_tokens(url, model, n, n=8, seed=50,
-                                                                  pause_s=0.2)
+                                                                  pause_s=0.2, prefix=pre)
 
                 def traced_beside() -> None:
                     profile("start_profile")
-                    profiled.extend(first_tokens(url, model, n, n=4, seed=1, pause_s=0.2))
+                    profiled.extend(first_tokens(url, model, n, n=4, seed=1, pause_s=0.2,
+                                                 prefix=pre))
                     profile("stop_profile")
 
                 decode_streams(url, model, beside, timed_beside, max_tokens=BESIDE_TOKENS,
@@ -1432,11 +1485,13 @@ class Runner:
             summary["bursts"] = trace.bursts(events)
             summary["median_burst"] = trace.median_burst(summary["bursts"])
         if beside:
-            summary["prompt_steps"] = trace.prompt_steps(events, n)
+            # a hit leaves the prompt's step at least the tokens past the prefix to read
+            summary["prompt_steps"] = trace.prompt_steps(events, n - pre)
         if timed:
             timed["first_token_ms_profiled"] = profiled
             summary.update(timed)
-            print(f"[{label}] first token of {n}-token prompts, median ms: "
+            print(f"[{label}] first token of {n}-token prompts"
+                  + (f" ({pre} of them cached)" if pre else "") + ", median ms: "
                   f"{middle(timed['first_token_ms'])} sampled, "
                   f"{middle(timed['first_token_ms_greedy'])} greedy"
                   + (f", {middle(timed['first_token_ms_beside'])} beside {beside} decoding "
@@ -1675,10 +1730,18 @@ def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
 
 
 def _start(args: argparse.Namespace, plan: Plan) -> int:
+    """0 only when every step asked for ran: a plan goes on past a failed step (the others are
+    still worth their minutes on the GPU), and its exit says which failed."""
     try:
-        _runner(args, plan).run()
+        runner = _runner(args, plan)
+        runner.run()
     except ProofError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    failed = [s.name() for s in plan.steps if s.name() in runner.results.get("failed", {})]
+    if failed:
+        print(f"error: step(s) {', '.join(failed)} failed: each one's reason is printed above "
+              f"and kept in {runner.out / 'proof.json'} under \"failed\"", file=sys.stderr)
         return 1
     return 0
 
@@ -1730,7 +1793,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                 acceptance_rates=() if published or not args.acceptance_rates else tuple(
                     _rates(args.acceptance_rates)),
                 concurrency=tuple(args.step_concurrency or ()),
-                prompt_tokens=args.first_token_prompt, fp8_scales=args.fp8_scales or "",
+                prompt_tokens=args.first_token_prompt,
+                first_token_prefix=args.first_token_prefix, fp8_scales=args.fp8_scales or "",
                 client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "")
     if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
@@ -1883,6 +1947,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the first token of N-token prompts: timed idle and right after an "
                    "answer (vanilla, profile), or traced instead of decode (trace; with "
                    "--step-concurrency C, sent while C other streams decode)")
+    p.add_argument("--first-token-prefix", type=int, default=0, metavar="P",
+                   help="with --first-token-prompt N: every one of those prompts begins with the "
+                   "same P tokens, cached first, so each first token reads a prefix-cache hit "
+                   "(bench's shared-prefix scenario after its first request)")
     p.add_argument("--client-cpus", type=_cpus, metavar="CPUS",
                    help="vanilla, profile, trace: the clients on these CPUs (14,15 or 12-15), the "
                    "server on the others, as clients on other machines would be")
