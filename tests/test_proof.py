@@ -540,9 +540,8 @@ def test_choose_step_records_the_choice_and_what_to_write(tmp_path: Path, capsys
         (tmp_path / "proof.json").read_text())["failed"]["choose"]
 
 
-def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() -> None:
-    plan = proof.Plan(steps=[proof.Step("trace", label="ttft", prompt_tokens=512)])
-    assert proof.Plan.from_json(plan.to_json()).steps[0].prompt_tokens == 512
+def one_token_streams() -> tuple[list[dict[str, Any]], type[http.server.BaseHTTPRequestHandler]]:
+    """A completions endpoint that streams one token to every request, and the bodies it got."""
     seen: list[dict[str, Any]] = []
 
     class Stream(http.server.BaseHTTPRequestHandler):
@@ -557,6 +556,13 @@ def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() 
         def log_message(self, *_: Any) -> None:
             pass
 
+    return seen, Stream
+
+
+def test_first_token_trace_plans_round_trip_and_time_the_first_streamed_token() -> None:
+    plan = proof.Plan(steps=[proof.Step("trace", label="ttft", prompt_tokens=512)])
+    assert proof.Plan.from_json(plan.to_json()).steps[0].prompt_tokens == 512
+    seen, Stream = one_token_streams()
     with served(Stream) as url:
         ms = proof.first_tokens(url, "m", 64, n=3, seed=5)
         assert len(ms) == 3 and all(m > 0 for m in ms)
@@ -585,19 +591,7 @@ def test_first_token_prompts_can_share_a_cached_prefix(capsys: pytest.CaptureFix
     plan = proof.Plan(steps=[proof.Step("trace", label="hit", prompt_tokens=64,
                                         first_token_prefix=48)])
     assert proof.Plan.from_json(plan.to_json()).steps[0].first_token_prefix == 48
-    seen: list[dict[str, Any]] = []
-
-    class Stream(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            self.wfile.write(b"data: {\"choices\": [{\"text\": \"a\"}]}\n\ndata: [DONE]\n\n")
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
+    seen, Stream = one_token_streams()
     head = proof.shared_prefix(48)
     assert len(head) == 48 and head == proof.shared_prefix(48)
     with served(Stream) as url:
