@@ -654,9 +654,7 @@ def engine_steps(url: str) -> tuple[float, float]:
 def cache_prefix(url: str, model: str, tokens: int, prefix: int) -> None:
     """One unmeasured `tokens`-token prompt that begins with shared_prefix(prefix), so that the
     server holds the prefix's KV before first_tokens(prefix=...) times hits on it."""
-    ids = shared_prefix(prefix) + random_ids(random.Random(PREFIX_SEED + 1), tokens - prefix)
-    _stream(url, {"model": model, "prompt": ids, "max_tokens": 1, "ignore_eos": True,
-                  "stream": True})
+    first_tokens(url, model, tokens, n=1, seed=PREFIX_SEED + 1, max_tokens=1, prefix=prefix)
 
 
 def first_token_probes(url: str, model: str, tokens: int, answer: int,
@@ -669,8 +667,7 @@ def first_token_probes(url: str, model: str, tokens: int, answer: int,
     idle = first_tokens(url, model, tokens, seed=11, pause_s=0.25, prefix=prefix)
     closed = first_tokens(url, model, tokens, seed=12, after=answer, prefix=prefix)
     return {"prompt_tokens": tokens, "prefix_tokens": prefix, "answer_tokens": answer,
-            "idle_ms": idle,
-            "after_answer_ms": closed, "idle_median_ms": middle(idle),
+            "idle_ms": idle, "after_answer_ms": closed, "idle_median_ms": middle(idle),
             "after_answer_median_ms": middle(closed)}
 
 
