@@ -261,6 +261,20 @@ def test_stream_interval_renders_only_where_the_profile_sets_more_than_vllms_one
     assert four[:i] + four[i + 2:] == one
 
 
+def test_whole_step_graphs_join_the_capture_size_in_one_compilation_config():
+    def compilation(*sets: str) -> dict[str, object]:
+        argv = h100_argv(*sets)
+        assert argv.count("--compilation-config") == 1  # a second one would replace the first
+        return json.loads(argv[argv.index("--compilation-config") + 1])
+
+    # vLLM's default mode renders nothing new: the line every tier rendered before the field
+    assert compilation() == {"max_cudagraph_capture_size": 2048}
+    assert compilation("serving.cudagraph_mode=full") == {
+        "max_cudagraph_capture_size": 2048, "cudagraph_mode": "FULL"}
+    assert compilation("serving.cudagraph_mode=full", "serving.cudagraph_capture_size=null") == {
+        "cudagraph_mode": "FULL"}
+
+
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
     """An instance whose cache disk has less than the rendered minimum free stops at once with a
     line that names it (the fault suite greps the journal for it), instead of failing mid-compile."""

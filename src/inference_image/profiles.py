@@ -38,7 +38,8 @@ OWNED_FLAGS = {
     "--no-enable-chunked-prefill": "serving.chunked_prefill",
     "--attention-backend": "serving.flash_attention_3",
     "--attention-config": "serving.flash_attention_3",
-    "--compilation-config": "serving.cudagraph_capture_size", "-cc": "serving.cudagraph_capture_size",
+    "--compilation-config": "serving.cudagraph_capture_size or serving.cudagraph_mode",
+    "-cc": "serving.cudagraph_capture_size or serving.cudagraph_mode",
     "--linear-backend": "serving.linear_backend", "--speculative-config": "model.speculative",
     "--api-key": "", "--uds": "",
     "--pipeline-parallel-size": "serving.nodes", "-pp": "serving.nodes", "--nnodes": "serving.nodes",
@@ -492,6 +493,10 @@ def _check(
             f"FlashAttention 3 runs on Hopper (compute capability 9.x) only; "
             f"{hw.gpu_model or 'the cpu tier'} is {cc or 'no GPU'}",
             "set serving.flash_attention_3: false (vLLM picks FlashAttention 2 or its own kernels)")
+    if s.cudagraph_mode == "full" and not s.flash_attention_3:
+        err("serving.cudagraph_mode", "full graphs for steps that read prompts need an attention "
+            "backend that vLLM can capture whole at any batch; of this project's, FlashAttention 3",
+            "set serving.cudagraph_mode: full_and_piecewise, or serving.flash_attention_3: true")
     if s.triton_decode_max_tokens and not s.flash_attention_3:
         err("serving.triton_decode_max_tokens",
             "small decode batches are routed inside vLLM's FlashAttention backend, which this "

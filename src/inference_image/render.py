@@ -153,10 +153,13 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     if s.flash_attention_3:
         argv += ["--attention-backend", "FLASH_ATTN",
                  "--attention-config", json.dumps({"flash_attn_version": 3}, separators=(",", ":"))]
+    compilation: dict[str, Any] = {}
     if s.cudagraph_capture_size:
-        argv += ["--compilation-config",
-                 json.dumps({"max_cudagraph_capture_size": s.cudagraph_capture_size},
-                            separators=(",", ":"))]
+        compilation["max_cudagraph_capture_size"] = s.cudagraph_capture_size
+    if s.cudagraph_mode != "full_and_piecewise":
+        compilation["cudagraph_mode"] = s.cudagraph_mode.upper()
+    if compilation:
+        argv += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
     if s.linear_backend != "auto":
         argv += ["--linear-backend", s.linear_backend]
     spec = m.speculative

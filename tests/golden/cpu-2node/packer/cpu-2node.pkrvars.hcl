@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 4ddb608d45d54290dcfb9b39355eba755fa4a91927d6d74d2fbb8b3da6f7b361): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 082c19c0187043244ebbb0b3e7ccf460c6bc63d3babf4997d8c1334fb022448c): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "4ddb608d45d54290dcfb9b39355eba755fa4a91927d6d74d2fbb8b3da6f7b361"
+profile_sha256 = "082c19c0187043244ebbb0b3e7ccf460c6bc63d3babf4997d8c1334fb022448c"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 8befff833f47fbc10a7a15f7452815224dffd99d3f35c7bb71bcb5e55699e384): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 4102ae70d90faa29ae807c6d8d3bf94ddb6ddbeb50d484c7e588e221bb371fb6): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "8befff833f47fbc10a7a15f7452815224dffd99d3f35c7bb71bcb5e55699e384"
+profile_sha256 = "4102ae70d90faa29ae807c6d8d3bf94ddb6ddbeb50d484c7e588e221bb371fb6"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 a7576221f6b620616de3b317eab88aee646ca98cac31af1b82db89c6cafafbf8): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 939970081de68a0d8e371c95e0897494e2f25f63b7d95184ad9c7861c19ffe01): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "a7576221f6b620616de3b317eab88aee646ca98cac31af1b82db89c6cafafbf8"
+profile_sha256 = "939970081de68a0d8e371c95e0897494e2f25f63b7d95184ad9c7861c19ffe01"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

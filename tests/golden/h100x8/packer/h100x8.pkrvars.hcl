@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 3570190f04290075015ffc0aa974f22b08ee1af829ed305151d88b9be1dd0080): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 942161548fc43f5e402e7a4d9d5919b43becc2650e6d4de38ad2c542ec987abe): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "3570190f04290075015ffc0aa974f22b08ee1af829ed305151d88b9be1dd0080"
+profile_sha256 = "942161548fc43f5e402e7a4d9d5919b43becc2650e6d4de38ad2c542ec987abe"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 f8354e67bfef6347adfd2db7e76b7d976a717b1e41ea4b6e41da6e117af49e28): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 51fa75a452c2063bb5ac03a53da0236eea5e20003da5a40d04f8677bdfb4c5ae): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "f8354e67bfef6347adfd2db7e76b7d976a717b1e41ea4b6e41da6e117af49e28"
+profile_sha256 = "51fa75a452c2063bb5ac03a53da0236eea5e20003da5a40d04f8677bdfb4c5ae"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 f16356942ea3e9cd90659c2069cb377f3de81ad7519df586da36b23503b06770): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 19063ef675294c2087949d91fa0cce64c15036cfd5c174f0c5ce7887a4b33dd4): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "f16356942ea3e9cd90659c2069cb377f3de81ad7519df586da36b23503b06770"
+profile_sha256 = "19063ef675294c2087949d91fa0cce64c15036cfd5c174f0c5ce7887a4b33dd4"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 4599e26fab49d224096ec129cc201a6e9fd6938c775ef92a4d73bcbb5bbb2d1b): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 814210ffd1f3a1e2fa6c117186b2cd4a1f56bef33ccc3b4cabc1891b19c91aa8): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "4599e26fab49d224096ec129cc201a6e9fd6938c775ef92a4d73bcbb5bbb2d1b"
+profile_sha256 = "814210ffd1f3a1e2fa6c117186b2cd4a1f56bef33ccc3b4cabc1891b19c91aa8"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
