@@ -872,6 +872,32 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
         assert len(gone) == 2
 
 
+def run_trace_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   server: type[http.server.BaseHTTPRequestHandler], step: proof.Step
+                   ) -> dict[str, Any]:
+    """One trace step against a stand-in vLLM server (its completions and profiler endpoints), the
+    start and the render skipped; work in tmp_path/w, results in tmp_path/o. Its trace entry."""
+    class Started:
+        def wait_ready(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    r = resolve("h100")
+    monkeypatch.setattr(proof.Runner, "_start", lambda self, *a: Started())
+    runner = proof.Runner(plan=proof.Plan(steps=[step]), out=tmp_path / "o", work=tmp_path / "w",
+                          model_dir=tmp_path / "m")
+    with served(server) as url:
+        port = int(url.rpartition(":")[2])
+        monkeypatch.setattr(proof.Runner, "_instance", lambda self, step, extra="": (
+            r, [], {}, port, tmp_path / "cache"))
+        runner.run()
+    doc = json.loads((tmp_path / "o" / "proof.json").read_text())
+    assert "failed" not in doc, doc.get("failed")
+    return doc["trace"][step.label]
+
+
 @pytest.mark.parametrize("pre", [0, 48])
 def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pre: int) -> None:
@@ -941,27 +967,8 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
         def log_message(self, *_: Any) -> None:
             pass
 
-    class Started:
-        def wait_ready(self) -> None:
-            pass
-
-        def stop(self) -> None:
-            pass
-
-    r = resolve("h100")
-    monkeypatch.setattr(proof.Runner, "_start", lambda self, *a: Started())
-    step = proof.Step("trace", label="beside", prompt_tokens=64, concurrency=(2,),
-                      first_token_prefix=pre)
-    runner = proof.Runner(plan=proof.Plan(steps=[step]), out=tmp_path / "o", work=work,
-                          model_dir=tmp_path / "m")
-    with served(Server) as url:
-        port = int(url.rpartition(":")[2])
-        monkeypatch.setattr(proof.Runner, "_instance", lambda self, step, extra="": (
-            r, [], {}, port, tmp_path / "cache"))
-        runner.run()
-    doc = json.loads((tmp_path / "o" / "proof.json").read_text())
-    assert "failed" not in doc, doc.get("failed")
-    t = doc["trace"]["beside"]
+    t = run_trace_step(tmp_path, monkeypatch, Server, proof.Step(
+        "trace", label="beside", prompt_tokens=64, concurrency=(2,), first_token_prefix=pre))
     assert t["beside_streams"] == 2 and len(t["first_token_ms_beside"]) == 8
     assert len(t["first_token_ms_profiled"]) == 4 and len(traced) == 4
     # every timed prompt came while both streams decoded; the idle ones (32) while none did
@@ -972,6 +979,59 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
     starts = {tuple(p[:48]) for p in prompts}
     assert len(prompts) == 4 + 32 + 8 + 4 + (1 if pre else 0)
     assert starts == {tuple(proof.shared_prefix(48))} if pre else len(starts) == len(prompts)
+
+
+@pytest.mark.parametrize("pre", [0, 48])
+def test_an_idle_first_token_trace_says_who_waits_and_keeps_its_timeline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pre: int) -> None:
+    """`proof step trace --first-token-prompt N` with nothing decoding beside: each traced
+    prompt's pass is summarised (its GPU span, the busy time in it, the host's time issuing it:
+    run 36's prefix-cache hit waited on the host), and the raw timeline is kept beside proof.json
+    and in $OUT, which is all a GPU machine's call sends back."""
+    mirror = tmp_path / "OUT"
+    mirror.mkdir()
+    monkeypatch.setenv("OUT", str(mirror))
+    tdir = tmp_path / "w" / "trace" / "idle"
+    traced, profiling = [0], [False]
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size)) if size else {}
+            self.send_response(200)
+            if self.path in ("/start_profile", "/stop_profile"):
+                profiling[0] = self.path == "/start_profile"
+                if not profiling[0]:  # each traced prompt: 8 ms of GPU work the host took 12 to issue
+                    name = f"execute_context_1({64 - pre})_generation_0(0)"
+                    tdir.joinpath("w.pt.trace.json").write_text(json.dumps({"traceEvents": [
+                        {"ph": "X", "cat": cat, "name": n, "ts": 100_000.0 * k + at, "dur": d}
+                        for k in range(traced[0]) for cat, n, at, d in (
+                            ("user_annotation", name, 0, 12_000),
+                            ("gpu_user_annotation", name, 500, 12_000),
+                            ("kernel", "nvjet_sm90_qqtst", 500, 8_000))]}))
+                self.end_headers()
+                return
+            if not body.get("stream"):  # greedy
+                self.end_headers()
+                self.wfile.write(b'{"choices": [{"text": "x"}]}')
+                return
+            traced[0] += profiling[0]
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\ndata: [DONE]\n\n')
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    t = run_trace_step(tmp_path, monkeypatch, Server, proof.Step(
+        "trace", label="idle", prompt_tokens=64, first_token_prefix=pre))
+    assert traced[0] == 8 and len(t["prompt_passes"]) == 8
+    assert t["prompt_pass"] == {"passes": 8, "prompt_tokens": 64 - pre, "gpu_ms": 12.0,
+                                "busy_ms": 8.0, "host_ms": 12.0, "attention_host_us": None,
+                                "host_bound": True}
+    assert t["raw"] == "traces/idle.pt.trace.json"
+    raw = tdir.joinpath("w.pt.trace.json").read_text()
+    assert (tmp_path / "o" / t["raw"]).read_text() == raw == (mirror / t["raw"]).read_text()
 
 
 def test_a_cut_off_step_says_where_it_was_and_the_results_reach_out(

@@ -142,3 +142,46 @@ def test_prompt_steps_list_the_steps_around_a_prompt_read_beside_decoding_stream
     assert lines[3].startswith("  > at     0.000 ms  GPU   75.000 ms")
     # a trace with no step that long: nothing listed
     assert trace.prompt_steps(events, 1024) == []
+
+
+def test_prompt_passes_say_whether_the_gpu_waits_on_the_host() -> None:
+    """Run 36: a prefix-cache hit left the h100 image a 336-token pass whose FP8 GEMMs finished
+    before the host had issued the next layer; a fresh 1024-token pass kept the GPU busier than
+    the host. Each probe's pass: its GPU span, the busy time inside that span only, the host's
+    time issuing it and its median attention op."""
+    def ann(name: str, ts: float, dur: float, cat: str = "gpu_user_annotation") -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    def attn(ts: float, dur: float) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": trace.ATTENTION_OP, "ts": ts, "dur": dur}
+
+    hit, fresh = "execute_context_1(336)_generation_0(0)", "execute_context_1(1024)_generation_0(0)"
+    events = [
+        ann(hit, 1_000, 14_000, "user_annotation"), ann(hit, 1_500, 14_000),
+        _k("nvjet_sm90_qqtst_256x112", 1_500, 4_000), _k("nvjet_sm90_qqtst_256x112", 9_000, 4_000),
+        _k("triton_draft_pass", 15_000, 2_000),  # runs past the pass: only 0.5 ms of it counts
+        attn(2_000, 150), attn(3_000, 250), attn(4_000, 200),
+        attn(40_000, 900),  # outside any host pass
+        ann(fresh, 50_000, 10_000, "user_annotation"), ann(fresh, 50_500, 16_000),
+        _k("nvjet_sm90_qqtst_128x128", 50_500, 15_000),
+        ann("execute_context_0(0)_generation_0(0)", 70_000, 300, "user_annotation"),
+        ann("execute_context_0(0)_generation_0(0)", 70_100, 200),
+        # a prompt read beside a decoding stream is not a probe's pass
+        ann("execute_context_1(400)_generation_1(4)", 80_000, 5_000),
+    ]
+    hit_pass, fresh_pass = trace.prompt_passes(events, 300)
+    assert hit_pass == {"prompt_tokens": 336, "gpu_ms": 14.0, "busy_ms": 8.5, "host_ms": 14.0,
+                        "attention_host_us": 200.0}
+    assert fresh_pass == {"prompt_tokens": 1024, "gpu_ms": 16.0, "busy_ms": 15.0, "host_ms": 10.0,
+                          "attention_host_us": None}
+    assert trace.prompt_passes(events, 1024) == [fresh_pass]
+    waits = trace.median_pass([hit_pass])
+    assert waits["host_bound"] and waits["passes"] == 1
+    ahead = trace.median_pass([fresh_pass])
+    assert not ahead["host_bound"] and trace.median_pass([]) == {}
+    line = trace.table({**trace.summarize(events), "prompt_pass": waits}).splitlines()[-1]
+    assert line == ("prompt pass (median of 1): 336 tokens, GPU 14.0 ms with 8.5 ms busy, host "
+                    "14.0 ms to issue it, vLLM's attention op 200.0 us a layer: the GPU waits on "
+                    "the host")
+    assert trace.table({**trace.summarize(events), "prompt_pass": ahead}).endswith(
+        "host 10.0 ms to issue it: the host runs ahead")

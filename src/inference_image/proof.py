@@ -880,9 +880,15 @@ class Runner:
         self.doc_path.write_text(text)
         # On the GPU machine the results accumulate in --out across calls while only $OUT comes
         # back, and a call killed at its limit runs no `cp` after the proof: a copy at every save.
+        if mirror := self._mirror():
+            (mirror / "proof.json").write_text(text)
+
+    def _mirror(self) -> Path | None:
+        """$OUT where it is a folder other than --out: what a GPU machine's call sends back."""
         mirror = os.environ.get("OUT")
         if mirror and Path(mirror).is_dir() and Path(mirror).resolve() != self.out.resolve():
-            (Path(mirror) / "proof.json").write_text(text)
+            return Path(mirror)
+        return None
 
     def resolved(self, sets: tuple[str, ...] = ()) -> Resolved:
         return resolve(self.plan.tier, overrides=list(sets))
@@ -1473,14 +1479,25 @@ class Runner:
         finally:
             srv.stop()
         biggest = max(files, key=lambda f: f.stat().st_size)  # the GPU worker's, not the front end's
+        # kept beside proof.json: the timeline itself answers what the summary does not
+        kept = self.out / "traces" / (f"{label}.pt.trace.json" + (".gz" if biggest.suffix == ".gz"
+                                                                  else ""))
+        for folder in (self.out, self._mirror()):
+            if folder:
+                (folder / kept.parent.name).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(biggest, folder / kept.relative_to(self.out))
         events = trace.load(biggest)
         summary = trace.summarize(events)
         summary["file"] = biggest.name
+        summary["raw"] = str(kept.relative_to(self.out))
         if streams > 1:
             summary["streams"] = streams
         if n and not beside:
             summary["bursts"] = trace.bursts(events)
             summary["median_burst"] = trace.median_burst(summary["bursts"])
+            # a hit leaves the pass at least the tokens past the prefix to read
+            summary["prompt_passes"] = trace.prompt_passes(events, n - pre)
+            summary["prompt_pass"] = trace.median_pass(summary["prompt_passes"])
         if beside:
             # a hit leaves the prompt's step at least the tokens past the prefix to read
             summary["prompt_steps"] = trace.prompt_steps(events, n - pre)

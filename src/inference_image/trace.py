@@ -11,6 +11,7 @@ import gzip
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 FULL_NAME = 2000
+# the op vLLM runs between piecewise CUDA graphs for each layer's attention
+ATTENTION_OP = "vllm::unified_attention_with_output"
 # vLLM's step annotation: execute_context_N(prompt tokens)_generation_M(tokens), N prompts being
 # read and M requests decoding
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
@@ -204,12 +207,85 @@ def table(s: dict[str, Any]) -> str:
         lines.append(f"{n} decode steps of {s['decode_step_ms']} ms{every}, GPU busy "
                      f"{s['gpu_busy_per_decode_step_ms']} ms a step: " + ", ".join(
                          f"{k} {v}" for k, v in s["per_decode_step_ms"].items()))
+    if m := s.get("prompt_pass"):
+        attn = (f", vLLM's attention op {m['attention_host_us']} us a layer"
+                if m["attention_host_us"] is not None else "")
+        lines.append(f"prompt pass (median of {m['passes']}): {m['prompt_tokens']} tokens, GPU "
+                     f"{m['gpu_ms']} ms with {m['busy_ms']} ms busy, host {m['host_ms']} ms to "
+                     f"issue it{attn}: " + ("the GPU waits on the host" if m["host_bound"]
+                                            else "the host runs ahead"))
     if m := s.get("median_burst"):
         lines.append(f"one request (median of {len(s.get('bursts', []))}): span {m['span_ms']} ms, "
                      f"GPU busy {m['busy_ms']} ms, {m['kernels']} kernels, "
                      f"{m['graph_launches']} graph + {m['kernel_launches']} kernel launches; "
                      + ", ".join(f"{k} {v}" for k, v in m["by_kind_ms"].items()))
     return "\n".join(lines)
+
+
+def gpu_steps(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                     list[tuple[int, int, int, int]]]:
+    """vLLM's step annotations on the GPU timeline, in order, and what each step held."""
+    steps = sorted(((e, h) for e in events if e.get("cat") == "gpu_user_annotation" and "dur" in e
+                    and (h := step_held(e.get("name", ""))) is not None), key=lambda eh: eh[0]["ts"])
+    return [e for e, _ in steps], [h for _, h in steps]
+
+
+def host_steps(events: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """For a step on the GPU, the host range that launched it: the latest of its name to begin
+    before it ran (None where the trace began after it)."""
+    host: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "user_annotation" and "dur" in e and STEP.match(e.get("name", "")):
+            host[e["name"]].append(e)
+    for spans in host.values():
+        spans.sort(key=lambda e: e["ts"])
+
+    def launched_by(e: dict[str, Any]) -> dict[str, Any] | None:
+        launched = [h for h in host.get(e["name"], []) if h["ts"] <= e["ts"]]
+        return launched[-1] if launched else None
+    return launched_by
+
+
+def prompt_passes(events: list[dict[str, Any]], min_tokens: int) -> list[dict[str, Any]]:
+    """Each step that reads at least min_tokens prompt tokens with nothing decoding beside it (a
+    first-token probe's forward pass): its span on the GPU, the GPU busy inside that span, the
+    host's time issuing it, and the host's median time in vLLM's attention op a layer inside it.
+    Where the host takes longer than the GPU is busy, the GPU waits on the host (run 36: a
+    prefix-cache hit's 336-token FP8 pass on one H100 kept the GPU busy ~7 ms and took the host
+    10-16 ms under the profiler; a fresh 1024-token pass ~13 ms busy, host 9-13 ms)."""
+    gpu, held = gpu_steps(events)
+    launched_by = host_steps(events)
+    work = [(e["ts"], e["ts"] + e["dur"]) for e in events
+            if e.get("cat") in GPU_CATS and e.get("ph") == "X" and "dur" in e]
+    attention = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e
+                 and e.get("name") == ATTENTION_OP]
+    out = []
+    for e, h in zip(gpu, held, strict=True):
+        if h[1] < min_tokens or h[2]:
+            continue
+        s0, s1 = e["ts"], e["ts"] + e["dur"]
+        busy = union_us([(max(a, s0), min(b, s1)) for a, b in work if a < s1 and b > s0])
+        host = launched_by(e)
+        calls = sorted(a["dur"] for a in attention
+                       if host and host["ts"] <= a["ts"] < host["ts"] + host["dur"])
+        out.append({"prompt_tokens": h[1], "gpu_ms": round(e["dur"] / 1e3, 3),
+                    "busy_ms": round(busy / 1e3, 3),
+                    "host_ms": round(host["dur"] / 1e3, 3) if host else None,
+                    "attention_host_us": round(float(calls[len(calls) // 2]), 1) if calls else None})
+    return out
+
+
+def median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The middle of each figure over the passes, and whether the host took longer to issue a
+    pass than the GPU was busy running it (the GPU then waits on the host)."""
+    if not passes:
+        return {}
+    out: dict[str, Any] = {"passes": len(passes)}
+    for key in ("prompt_tokens", "gpu_ms", "busy_ms", "host_ms", "attention_host_us"):
+        vals = sorted(p[key] for p in passes if p[key] is not None)
+        out[key] = vals[len(vals) // 2] if vals else None
+    out["host_bound"] = out["host_ms"] is not None and out["host_ms"] > out["busy_ms"]
+    return out
 
 
 def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
@@ -220,20 +296,12 @@ def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
     each such step: the steps from `before` ahead of it to `after` past it, each with its start
     (ms from the prompt step's), its GPU span, what it held, the GPU idle before it, and the host's
     time in vLLM's execute_model for it."""
-    steps = sorted(((e, h) for e in events if e.get("cat") == "gpu_user_annotation" and "dur" in e
-                    and (h := step_held(e.get("name", ""))) is not None), key=lambda eh: eh[0]["ts"])
-    gpu, held = [e for e, _ in steps], [h for _, h in steps]
-    host: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for e in events:
-        if e.get("cat") == "user_annotation" and "dur" in e and STEP.match(e.get("name", "")):
-            host[e["name"]].append(e)
-    for spans in host.values():
-        spans.sort(key=lambda e: e["ts"])
+    gpu, held = gpu_steps(events)
+    launched_by = host_steps(events)
 
     def host_ms(e: dict[str, Any]) -> float | None:
-        # the host range that launched it: the latest of its name to begin before it ran
-        launched = [h for h in host.get(e["name"], []) if h["ts"] <= e["ts"]]
-        return round(launched[-1]["dur"] / 1e3, 3) if launched else None
+        h = launched_by(e)
+        return round(h["dur"] / 1e3, 3) if h else None
 
     out = []
     for i, e in enumerate(gpu):
