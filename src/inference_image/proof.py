@@ -50,6 +50,7 @@ from .profiles import (
 )
 from .render import render
 from .schema import CatalogModel, acceptance_problem, bad_scenario_spec, scenario_spec
+from .trace import middle
 
 StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
                    "served", "trace", "stacks", "choose", "cannot_start", "assemble"]
@@ -669,11 +670,6 @@ def first_token_probes(url: str, model: str, tokens: int, answer: int,
     return {"prompt_tokens": tokens, "prefix_tokens": prefix, "answer_tokens": answer,
             "idle_ms": idle, "after_answer_ms": closed, "idle_median_ms": middle(idle),
             "after_answer_median_ms": middle(closed)}
-
-
-def middle(v: list[float]) -> float:
-    """The median as a measured value: the upper middle one of an even count, not a mean of two."""
-    return sorted(v)[len(v) // 2]
 
 
 PLUGIN_MARK = "proof-source-digest"
@@ -1480,16 +1476,15 @@ class Runner:
             srv.stop()
         biggest = max(files, key=lambda f: f.stat().st_size)  # the GPU worker's, not the front end's
         # kept beside proof.json: the timeline itself answers what the summary does not
-        kept = self.out / "traces" / (f"{label}.pt.trace.json" + (".gz" if biggest.suffix == ".gz"
-                                                                  else ""))
+        kept = Path("traces") / f"{label}.pt.trace.json{'.gz' if biggest.suffix == '.gz' else ''}"
         for folder in (self.out, self._mirror()):
             if folder:
-                (folder / kept.parent.name).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(biggest, folder / kept.relative_to(self.out))
+                (folder / kept).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(biggest, folder / kept)
         events = trace.load(biggest)
         summary = trace.summarize(events)
         summary["file"] = biggest.name
-        summary["raw"] = str(kept.relative_to(self.out))
+        summary["raw"] = str(kept)
         if streams > 1:
             summary["streams"] = streams
         if n and not beside:

@@ -49,6 +49,11 @@ def is_decode_step(name: str) -> bool:
     return held is not None and held[:2] == (0, 0) and held[2] > 0
 
 
+def middle(v: list[float]) -> float:
+    """The median as a measured value: the upper middle one of an even count, not a mean of two."""
+    return sorted(v)[len(v) // 2]
+
+
 def kind_of(name: str, cat: str = "kernel") -> str:
     if cat != "kernel":
         return "memory"
@@ -266,12 +271,12 @@ def prompt_passes(events: list[dict[str, Any]], min_tokens: int) -> list[dict[st
         s0, s1 = e["ts"], e["ts"] + e["dur"]
         busy = union_us([(max(a, s0), min(b, s1)) for a, b in work if a < s1 and b > s0])
         host = launched_by(e)
-        calls = sorted(a["dur"] for a in attention
-                       if host and host["ts"] <= a["ts"] < host["ts"] + host["dur"])
+        calls = [a["dur"] for a in attention
+                 if host and host["ts"] <= a["ts"] < host["ts"] + host["dur"]]
         out.append({"prompt_tokens": h[1], "gpu_ms": round(e["dur"] / 1e3, 3),
                     "busy_ms": round(busy / 1e3, 3),
                     "host_ms": round(host["dur"] / 1e3, 3) if host else None,
-                    "attention_host_us": round(float(calls[len(calls) // 2]), 1) if calls else None})
+                    "attention_host_us": round(float(middle(calls)), 1) if calls else None})
     return out
 
 
@@ -282,8 +287,8 @@ def median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"passes": len(passes)}
     for key in ("prompt_tokens", "gpu_ms", "busy_ms", "host_ms", "attention_host_us"):
-        vals = sorted(p[key] for p in passes if p[key] is not None)
-        out[key] = vals[len(vals) // 2] if vals else None
+        vals = [p[key] for p in passes if p[key] is not None]
+        out[key] = middle(vals) if vals else None
     out["host_bound"] = out["host_ms"] is not None and out["host_ms"] > out["busy_ms"]
     return out
 
