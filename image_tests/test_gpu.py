@@ -129,3 +129,6 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
     if serving.get("early_first_token"):
         assert lines.LOG_EARLY_FIRST_TOKEN in log, \
             "serving.early_first_token is set but the plugin did not install it"
+    if serving.get("cudagraph_mode") == "full_and_decode":
+        assert lines.LOG_DECODE_GRAPHS in log, \
+            "serving.cudagraph_mode is full_and_decode but the plugin did not install its graphs"

@@ -134,3 +134,6 @@ def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
     assert ("INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1" in env) == bool(
         profile["profile"]["serving"].get("early_first_token")), \
         "unit env and profile disagree on serving.early_first_token"
+    assert ("INFERENCE_IMAGE_DECODE_GRAPHS=1" in env) == (
+        profile["profile"]["serving"].get("cudagraph_mode") == "full_and_decode"), \
+        "unit env and profile disagree on serving.cudagraph_mode"

@@ -87,3 +87,20 @@ def test_the_plugin_parts_the_profile_turns_on_logged() -> None:
         check_h100(H100_LOG.replace("<= 8 tokens", "<= 4 tokens"))
     with pytest.raises(AssertionError, match="early_first_token is set but"):
         check_h100(H100_LOG.replace("a step that only prefills", "a step"))
+
+
+def test_decode_graphs_logged_where_the_profile_turns_them_on() -> None:
+    # run 37, h100 with serving.cudagraph_mode=full_and_decode (fad2-chat-a)
+    log = H100_LOG + ("(EngineCore pid=995) INFO inference-image: uniform decode steps get "
+                      "whole-step graphs of their own beside FULL's mixed-batch graphs\n")
+    profile = {**H100, "profile": {**H100["profile"], "serving": {
+        **H100["profile"]["serving"], "cudagraph_mode": "full_and_decode"}}}
+
+    def check(text: str) -> None:
+        gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(text), profile,
+                                                  {"gpu_model": "NVIDIA H100 80GB HBM3"})
+
+    check(log)
+    with pytest.raises(AssertionError, match="full_and_decode but the plugin did not install"):
+        check(H100_LOG)
+    check_h100(H100_LOG)  # the default mode asks for no such line

@@ -88,9 +88,12 @@ def test_fp8_gemm_dispatch_needs_fp8_weights_and_vllms_kernel_choice(pdir):
 
 
 def test_whole_step_graphs_need_the_flash_attention_3_backend(pdir):
-    (err,) = errors_of("l40s", pdir, overrides=["serving.cudagraph_mode=full"])
-    assert err.startswith("--set: serving.cudagraph_mode: full graphs for steps that read prompts")
-    assert "Fix: set serving.cudagraph_mode: full_and_piecewise, or serving.flash_attention_3: true" in err
+    for mode in ("full", "full_and_decode"):
+        (err,) = errors_of("l40s", pdir, overrides=[f"serving.cudagraph_mode={mode}"])
+        assert err.startswith(
+            "--set: serving.cudagraph_mode: full graphs for steps that read prompts")
+        assert ("Fix: set serving.cudagraph_mode: full_and_piecewise, or "
+                "serving.flash_attention_3: true") in err
     full = resolve("h100", pdir, overrides=["serving.cudagraph_mode=full"])
     assert full.profile.serving.cudagraph_mode == "full"
     (err,) = errors_of("h100", pdir, overrides=["serving.cudagraph_mode=piecewise"])

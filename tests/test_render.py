@@ -273,6 +273,19 @@ def test_whole_step_graphs_join_the_capture_size_in_one_compilation_config():
         "max_cudagraph_capture_size": 2048, "cudagraph_mode": "FULL"}
     assert compilation("serving.cudagraph_mode=full", "serving.cudagraph_capture_size=null") == {
         "cudagraph_mode": "FULL"}
+    # the plugin's decode graphs ride on vLLM's FULL mode: the same command line, one variable more
+    assert h100_argv("serving.cudagraph_mode=full_and_decode") == h100_argv(
+        "serving.cudagraph_mode=full")
+
+
+def test_decode_graphs_reach_the_unit_environment_only_in_their_mode(tmp_path):
+    def env(*overrides: str) -> str:
+        render(resolve("h100", ROOT / "profiles", overrides=list(overrides)), tmp_path)
+        return (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+
+    assert "INFERENCE_IMAGE_DECODE_GRAPHS=1\n" in env("serving.cudagraph_mode=full_and_decode")
+    for mode in ("full", "full_and_piecewise"):
+        assert "INFERENCE_IMAGE_DECODE_GRAPHS" not in env(f"serving.cudagraph_mode={mode}")
 
 
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):

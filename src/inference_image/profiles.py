@@ -493,7 +493,7 @@ def _check(
             f"FlashAttention 3 runs on Hopper (compute capability 9.x) only; "
             f"{hw.gpu_model or 'the cpu tier'} is {cc or 'no GPU'}",
             "set serving.flash_attention_3: false (vLLM picks FlashAttention 2 or its own kernels)")
-    if s.cudagraph_mode == "full" and not s.flash_attention_3:
+    if s.cudagraph_mode != "full_and_piecewise" and not s.flash_attention_3:
         err("serving.cudagraph_mode", "full graphs for steps that read prompts need an attention "
             "backend that vLLM can capture whole at any batch; of this project's, FlashAttention 3",
             "set serving.cudagraph_mode: full_and_piecewise, or serving.flash_attention_3: true")

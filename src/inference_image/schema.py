@@ -200,11 +200,13 @@ class Serving(Strict):
     cudagraph_capture_size: int | None = Field(
         None, ge=1, le=8192,
         description="capture CUDA graphs up to this many tokens (vLLM: 2 x max_num_seqs)")
-    cudagraph_mode: Literal["full_and_piecewise", "full"] = Field(
+    cudagraph_mode: Literal["full_and_piecewise", "full", "full_and_decode"] = Field(
         "full_and_piecewise",
         description="steps that read prompts: 'full_and_piecewise' (vLLM's default) runs them in "
         "graphs split at each attention call, which the host launches layer by layer; 'full' "
-        "captures whole steps up to cudagraph_capture_size tokens (FlashAttention 3 only)")
+        "captures whole steps up to cudagraph_capture_size tokens, and runs decode steps in those "
+        "mixed-batch graphs too; 'full_and_decode' is 'full' with decode steps in graphs of their "
+        "own, as the default has them (the project's vLLM plugin). 'full*': FlashAttention 3 only")
     linear_backend: Literal["auto", "cutlass", "torch", "marlin"] = Field(
         "auto", description="FP8 GEMM kernels: vLLM's choice, Cutlass, torch._scaled_mm, Marlin")
     fp8_gemm_dispatch: bool = Field(

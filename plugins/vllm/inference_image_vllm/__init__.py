@@ -10,7 +10,10 @@ unless the rendered unit environment turns a part on:
   FlashAttention backend (attention.py);
 - INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1 (`serving.early_first_token: true`): a step where every
   request is still reading its prompt hands back its first tokens before vLLM's engine core
-  launches the next step (first_token.py).
+  launches the next step (first_token.py);
+- INFERENCE_IMAGE_DECODE_GRAPHS=1 (`serving.cudagraph_mode: full_and_decode`): with vLLM's FULL
+  graphs, a uniform decode step replays a graph captured for its own shape, not a mixed batch's
+  (decode_graphs.py).
 """
 
 import logging
@@ -24,6 +27,8 @@ LOG_TRITON_DECODE = ("inference-image: decode batches of <= {} tokens, one query
                      "use Triton attention inside the FlashAttention backend")
 LOG_EARLY_FIRST_TOKEN = ("inference-image: a step that only prefills returns its first tokens "
                          "before the next step is launched")
+LOG_DECODE_GRAPHS = ("inference-image: uniform decode steps get whole-step graphs of their own "
+                     "beside FULL's mixed-batch graphs")
 # {table}: the table's path ("none: <why>" where no table fits the chip); {device}: the GPU it was
 # measured on ("-" for none)
 LOG_FP8_DISPATCH = "inference-image FP8 dispatch installed (table: {table}, measured on {device})"
@@ -42,9 +47,13 @@ def early_first_token() -> bool:
     return os.environ.get("INFERENCE_IMAGE_EARLY_FIRST_TOKEN", "0") == "1"
 
 
+def own_decode_graphs() -> bool:
+    return os.environ.get("INFERENCE_IMAGE_DECODE_GRAPHS", "0") == "1"
+
+
 def register() -> None:
     tokens = triton_decode_tokens()
-    if not enabled() and not tokens and not early_first_token():
+    if not enabled() and not tokens and not early_first_token() and not own_decode_graphs():
         return
     try:
         from vllm.platforms import current_platform
@@ -76,4 +85,12 @@ def register() -> None:
             first_token.install()
         except Exception:
             logger.exception("inference-image early first token not installed; vLLM's step order "
+                             "serves")
+    if own_decode_graphs():
+        try:
+            from . import decode_graphs as graphs
+
+            graphs.install()
+        except Exception:
+            logger.exception("inference-image decode graphs not installed; vLLM's FULL dispatch "
                              "serves")
