@@ -88,9 +88,9 @@ def register() -> None:
                              "serves")
     if own_decode_graphs():
         try:
-            from . import decode_graphs as graphs
+            from . import decode_graphs
 
-            graphs.install()
+            decode_graphs.install()
         except Exception:
             logger.exception("inference-image decode graphs not installed; vLLM's FULL dispatch "
                              "serves")
