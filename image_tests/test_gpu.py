@@ -126,6 +126,9 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
     if serving.get("triton_decode_max_tokens"):
         assert lines.LOG_TRITON_DECODE.format(serving["triton_decode_max_tokens"]) in log, \
             "serving.triton_decode_max_tokens is set but the plugin did not install it"
+        if serving.get("triton_decode_verify"):
+            assert lines.LOG_TRITON_VERIFY.format(serving["triton_decode_max_tokens"]) in log, \
+                "serving.triton_decode_verify is set but the plugin did not route verify steps"
     if serving.get("early_first_token"):
         assert lines.LOG_EARLY_FIRST_TOKEN in log, \
             "serving.early_first_token is set but the plugin did not install it"

@@ -131,6 +131,9 @@ def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
     n = profile["profile"]["serving"].get("triton_decode_max_tokens") or 0
     assert (f"INFERENCE_IMAGE_TRITON_DECODE_TOKENS={n}" in env) == bool(n), \
         "unit env and profile disagree on serving.triton_decode_max_tokens"
+    assert ("INFERENCE_IMAGE_TRITON_DECODE_VERIFY=1" in env) == bool(
+        profile["profile"]["serving"].get("triton_decode_verify")), \
+        "unit env and profile disagree on serving.triton_decode_verify"
     assert ("INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1" in env) == bool(
         profile["profile"]["serving"].get("early_first_token")), \
         "unit env and profile disagree on serving.early_first_token"

@@ -104,3 +104,19 @@ def test_decode_graphs_logged_where_the_profile_turns_them_on() -> None:
     with pytest.raises(AssertionError, match="full_and_decode but the plugin did not install"):
         check(H100_LOG)
     check_h100(H100_LOG)  # the default mode asks for no such line
+
+
+def test_triton_verify_logged_where_the_profile_turns_it_on() -> None:
+    log = H100_LOG + ("(EngineCore pid=995) INFO inference-image: verify steps of <= 8 tokens use "
+                      "Triton's split-KV attention inside the FlashAttention backend\n")
+    profile = {**H100, "profile": {**H100["profile"], "serving": {
+        **H100["profile"]["serving"], "triton_decode_verify": True}}}
+
+    def check(text: str) -> None:
+        gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(text), profile,
+                                                  {"gpu_model": "NVIDIA H100 80GB HBM3"})
+
+    check(log)
+    with pytest.raises(AssertionError, match="triton_decode_verify is set but"):
+        check(H100_LOG)
+    check_h100(H100_LOG)  # off by default: no such line asked for

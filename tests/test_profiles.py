@@ -108,6 +108,15 @@ def test_triton_decode_attention_needs_the_flash_attention_backend(pdir):
     assert "serving.triton_decode_max_tokens" in err and "64" in err
 
 
+def test_triton_verify_needs_a_token_limit(pdir):
+    (err,) = errors_of("h100", pdir, overrides=["serving.triton_decode_max_tokens=0",
+                                                "serving.triton_decode_verify=true"])
+    assert "serving.triton_decode_verify: verify steps go to Triton only within" in err
+    assert "Fix: set serving.triton_decode_max_tokens (8 on the h100 profile)" in err
+    ok = resolve("h100", pdir, overrides=["serving.triton_decode_verify=true"])
+    assert ok.profile.serving.triton_decode_verify
+
+
 def test_ngram_gpu_needs_a_gpu_and_no_draft(pdir):
     (err,) = errors_of("cpu", pdir, overrides=["model.speculative.method=ngram_gpu"])
     assert "model.speculative.method: ngram_gpu matches n-grams on a GPU" in err

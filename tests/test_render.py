@@ -224,6 +224,15 @@ def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
            tmp_path)
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # read by the plugin's register()
+    assert "INFERENCE_IMAGE_TRITON_DECODE_VERIFY" not in env
+
+
+def test_triton_verify_reaches_the_unit_environment_beside_its_token_limit(tmp_path):
+    render(resolve("h100", ROOT / "profiles", overrides=["serving.triton_decode_verify=true"]),
+           tmp_path)
+    env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+    assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env
+    assert "INFERENCE_IMAGE_TRITON_DECODE_VERIFY=1\n" in env  # read by the plugin's register()
 
 
 def test_early_first_token_reaches_the_unit_environment_only_when_set(tmp_path):

@@ -502,6 +502,11 @@ def _check(
             "small decode batches are routed inside vLLM's FlashAttention backend, which this "
             "profile does not use (flash_attention_3 is false)",
             "set serving.triton_decode_max_tokens: 0, or serving.flash_attention_3: true")
+    if s.triton_decode_verify and not s.triton_decode_max_tokens:
+        err("serving.triton_decode_verify",
+            "verify steps go to Triton only within serving.triton_decode_max_tokens, which is 0",
+            "set serving.triton_decode_max_tokens (8 on the h100 profile), or "
+            "serving.triton_decode_verify: false")
     if s.fp8_gemm_dispatch and (m.quantization == "none" or s.linear_backend != "auto"):
         err("serving.fp8_gemm_dispatch",
             "the dispatch wraps vLLM's Cutlass FP8 GEMM, so it needs FP8 weights and linear_backend "

@@ -208,6 +208,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_FP8_DISPATCH"] = "1"  # read by the inference-image vLLM plugin
         if p.serving.triton_decode_max_tokens:
             env["INFERENCE_IMAGE_TRITON_DECODE_TOKENS"] = str(p.serving.triton_decode_max_tokens)
+            if p.serving.triton_decode_verify:
+                env["INFERENCE_IMAGE_TRITON_DECODE_VERIFY"] = "1"
         if p.serving.early_first_token:
             env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
         if p.serving.cudagraph_mode == "full_and_decode":

@@ -215,7 +215,11 @@ class Serving(Strict):
     triton_decode_max_tokens: int = Field(
         0, ge=0, le=64, description="FlashAttention 3 backend: batches of at most this many tokens, "
         "one query token a sequence, run vLLM's Triton attention kernels instead (speculative "
-        "verify steps stay on FA3; 0: off; the project's vLLM plugin)")
+        "verify steps stay on FA3 unless triton_decode_verify; 0: off; the project's vLLM plugin)")
+    triton_decode_verify: bool = Field(
+        False, description="speculative verify steps (1 + k query tokens a sequence) of at most "
+        "triton_decode_max_tokens tokens run Triton's split-KV attention kernel too, not FA3 "
+        "(the project's vLLM plugin)")
     early_first_token: bool = Field(
         False, description="a step where every request is still reading its prompt hands back its "
         "first tokens before vLLM launches the next step (async scheduling launches it first); "

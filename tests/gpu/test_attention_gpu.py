@@ -6,6 +6,8 @@ then runs one step twice on two copies of it: once through vLLM's FlashAttention
 once through the same class with the plugin installed. Both outputs are checked against a float32
 attention over the dequantized cache, the two caches must be byte-identical afterwards, and the
 route each call took is counted, so a silent fallback to FA3 cannot pass as the Triton route.
+Every case runs with the plugin's `verify` off (the profile's default: more than one query token a
+sequence goes to FA3) and on (such steps go to Triton's split-KV kernel too).
 """
 
 from __future__ import annotations
@@ -141,16 +143,22 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-# (new tokens per sequence, rows the step is padded to): what each case stands for
-STEPS = {
+# (new tokens per sequence, rows the step is padded to[, cached tokens per sequence]): what each
+# case stands for
+STEPS: dict[str, tuple[list[int], int] | tuple[list[int], int, list[int]]] = {
     "decode-1": ([1], 1),
     "decode-4": ([1, 1, 1, 1], 4),
     "decode-8": ([1] * 8, 8),
     # 2 sequences x (1 + 3 speculative tokens): the EAGLE-3 verify step the h100 profile runs;
-    # more than one query token a sequence, so FA3 attends (the cache write is Triton's)
+    # more than one query token a sequence, so FA3 attends unless verify (the cache write is
+    # Triton's)
     "verify-2x4": ([4, 4], 8),
     "verify-1x4": ([4], 4),
     "mixed": ([5, 1, 1, 1], 8),
+    # 257 and 513 tokens: the split-KV kernel's last segment holds the last 1 key alone (tiles of
+    # 16 or 32 keys, 16 segments), which the first of 4 query tokens may not see: a segment where
+    # a row sees nothing must add nothing
+    "verify-edge": ([4, 4], 8, [253, 509]),
     # 3 real tokens in a 16-row CUDA graph: the cache write sees 16 rows and goes to FA3,
     # the attention sees 3 and goes to Triton (the two routes meet on one step)
     "split-routes": ([1, 1, 1], 16),
@@ -159,18 +167,26 @@ STEPS = {
 }
 
 
+@pytest.fixture(params=[False, True], ids=["decode-only", "verify"])
+def verify(request):
+    """The plugin's verify switch for one test (serving.triton_decode_verify)."""
+    attention._verify = request.param
+    yield request.param
+    attention._verify = False
+
+
 @pytest.mark.parametrize("fused_quant", [False, True], ids=["bf16-out", "fp8-out"])
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_triton_route_matches_fa3(plugin, step, kv_dtype, fused_quant):
+def test_triton_route_matches_fa3(plugin, verify, step, kv_dtype, fused_quant):
     patched, vanilla_forward, vanilla_cache, routes = plugin
     if fused_quant and kv_dtype != "fp8":
         pytest.skip("the o_proj FP8 fusion is only used with the FP8 profile (FP8 KV)")
-    q_lens, rows = STEPS[step]
+    q_lens, rows, *given = STEPS[step]
     n = sum(q_lens)
     torch.manual_seed(len(step) * 7 + n)
     impl, layer = _impl(kv_dtype), Layer().cuda()
-    contexts = CONTEXTS[: len(q_lens)]
+    contexts = given[0] if given else CONTEXTS[: len(q_lens)]
     seq_lens = [c + q for c, q in zip(contexts, q_lens, strict=True)]
     perm = torch.randperm(BLOCKS, device="cuda")  # scattered blocks, as a busy cache has them
     per_seq = (max(seq_lens) + BLOCK - 1) // BLOCK
@@ -208,9 +224,9 @@ def test_triton_route_matches_fa3(plugin, step, kv_dtype, fused_quant):
     patched["forward"](impl, layer, query, key, value, tr_cache, meta, tr_out, out_scale)
     took_fa = Routes(routes.fa_forward - before.fa_forward, routes.fa_cache - before.fa_cache)
 
-    # the cache write routes on the padded row count, the attention on the real token count and
-    # on one query token a sequence
-    fa_attends = n > MAX_TOKENS or max(q_lens) > 1
+    # the cache write routes on the padded row count, the attention on the real token count and,
+    # unless verify, on one query token a sequence
+    fa_attends = n > MAX_TOKENS or (max(q_lens) > 1 and not verify)
     expect_fa = Routes(fa_forward=int(fa_attends), fa_cache=int(rows > MAX_TOKENS))
     assert took_fa == expect_fa, f"routes: {took_fa}, wanted {expect_fa}"
     assert patched["fused_output_quant_supported"](impl, _fp8_static_key())
@@ -225,7 +241,8 @@ def test_triton_route_matches_fa3(plugin, step, kv_dtype, fused_quant):
     # reference over those inputs bounds both; an FP8 output adds its own rounding (3 mantissa
     # bits: ~3.6 % RMS)
     bound = 0.08 if fused_quant else 0.03 if kv_dtype == "fp8" else 0.02
-    print(f"{step} kv={kv_dtype} out={out_dtype}: rel error FA3 {fa_err:.2e}, route {tr_err:.2e}")
+    print(f"{step} verify={verify} kv={kv_dtype} out={out_dtype}: rel error FA3 {fa_err:.2e}, "
+          f"route {tr_err:.2e}")
     fa_bound = 0.05 if kv_dtype == "fp8" else 0.02  # FA3's FP8 path also rounds P to FP8
     assert fa_err < fa_bound, f"FA3 itself is off the reference ({fa_err:.2e}): the test is wrong"
     assert tr_err < bound, f"relative error {tr_err:.2e} against float32 (FA3: {fa_err:.2e})"

@@ -7,7 +7,8 @@ unless the rendered unit environment turns a part on:
   measured table says is faster (dispatch.py);
 - INFERENCE_IMAGE_TRITON_DECODE_TOKENS=N (`serving.triton_decode_max_tokens: N`): batches of
   at most N tokens, one query token a sequence, run vLLM's Triton attention kernels inside its
-  FlashAttention backend (attention.py);
+  FlashAttention backend (attention.py); with INFERENCE_IMAGE_TRITON_DECODE_VERIFY=1
+  (`serving.triton_decode_verify: true`) speculative verify steps of at most N tokens too;
 - INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1 (`serving.early_first_token: true`): a step where every
   request is still reading its prompt hands back its first tokens before vLLM's engine core
   launches the next step (first_token.py);
@@ -25,6 +26,8 @@ logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configur
 # instance's journal (image_tests/test_gpu.py reads them from here).
 LOG_TRITON_DECODE = ("inference-image: decode batches of <= {} tokens, one query token a sequence, "
                      "use Triton attention inside the FlashAttention backend")
+LOG_TRITON_VERIFY = ("inference-image: verify steps of <= {} tokens use Triton's split-KV "
+                     "attention inside the FlashAttention backend")
 LOG_EARLY_FIRST_TOKEN = ("inference-image: a step that only prefills returns its first tokens "
                          "before the next step is launched")
 LOG_DECODE_GRAPHS = ("inference-image: uniform decode steps get whole-step graphs of their own "
@@ -41,6 +44,10 @@ def enabled() -> bool:
 def triton_decode_tokens() -> int:
     v = os.environ.get("INFERENCE_IMAGE_TRITON_DECODE_TOKENS", "0")
     return int(v) if v.isdigit() else 0
+
+
+def triton_decode_verify() -> bool:
+    return os.environ.get("INFERENCE_IMAGE_TRITON_DECODE_VERIFY", "0") == "1"
 
 
 def early_first_token() -> bool:
@@ -75,7 +82,7 @@ def register() -> None:
         try:
             from . import attention
 
-            attention.install(tokens)
+            attention.install(tokens, verify=triton_decode_verify())
         except Exception:
             logger.exception("inference-image Triton decode attention not installed; FA3 serves")
     if early_first_token():

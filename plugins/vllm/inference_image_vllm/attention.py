@@ -9,12 +9,17 @@ kernel per layer. FA3 is far quicker at prefill and at large batches (TTFT 25 vs
 
 This keeps FA3 and its KV-cache layout (the same as Triton's in vLLM 0.26) and routes batches of at
 most `max_tokens` tokens, one query token a sequence, through the Triton kernels. A speculative
-verify step (1 + k tokens a sequence) stays on FA3: for it vLLM's Triton kernel does not split the
-context (its 2D kernel, one CTA per KV head), which on the 70B at c=1 grew TPOT from 12.4 ms to
-13.0-16.3 ms with the context (docs/benchmarks.md, run 16). The choice is made when vLLM captures a CUDA
-graph for a batch size, so each graph holds one path; a batch that runs eagerly (larger than every
-graph) goes to FA3. With the fusion on, FA3's path writes bfloat16 into a scratch buffer and
-quantizes it, the same kernel vLLM would otherwise run after attention.
+verify step (1 + k tokens a sequence) stays on FA3 unless `verify` is set: vLLM's own choice for
+it is Triton's 2D kernel, which does not split the context (one CTA per KV head), and that grew
+the 70B's TPOT at c=1 from 12.4 ms to 13.0-16.3 ms with the context (docs/benchmarks.md, run 16).
+With `verify`, such a step runs Triton's split-KV (3D) kernel instead, which walks each
+sequence's own query length under the causal mask as the 2D one does; vLLM only chooses it for one
+query token a sequence. Whole-step FULL graphs ran verify steps that way by accident (their small
+mixed graphs are captured from one token a request) and were quicker at c=1-2 (run 37).
+The choice is made when vLLM captures a CUDA graph for a batch size, so each graph holds one path;
+a batch that runs eagerly (larger than every graph) goes to FA3. With the fusion on, FA3's path
+writes bfloat16 into a scratch buffer and quantizes it, the same kernel vLLM would otherwise run
+after attention.
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ from typing import Any
 
 import torch
 
-from . import LOG_TRITON_DECODE
+from . import LOG_TRITON_DECODE, LOG_TRITON_VERIFY
 
 logger = logging.getLogger("vllm.inference_image_vllm")
 
 _installed = 0
+# read at each call, not baked into the closure, so tests/gpu can check both routes in one process
+_verify = False
 
 
-def install(max_tokens: int) -> None:
-    global _installed
+def install(max_tokens: int, verify: bool = False) -> None:
+    global _installed, _verify
     if _installed or max_tokens < 1:
         return
     from vllm import _custom_ops as ops
@@ -99,10 +106,11 @@ def install(max_tokens: int) -> None:
         if attn_metadata is None:  # vLLM's memory-profiling run
             return output.fill_(0)
         n = attn_metadata.num_actual_tokens
-        # one query token a sequence only: with more (a speculative verify step, a prefill
-        # chunk) vLLM's Triton kernel runs unsplit, one CTA per KV head over the whole context
-        if n <= max_tokens and attn_metadata.max_query_len == 1 and output_block_scale is None \
-                and plain(self) and not attn_metadata.use_cascade:
+        # one query token a sequence, unless _verify: with more (a speculative verify step, a
+        # prefill chunk) vLLM's Triton kernel would run unsplit, one CTA per KV head over the
+        # whole context
+        if n <= max_tokens and (attn_metadata.max_query_len == 1 or _verify) \
+                and output_block_scale is None and plain(self) and not attn_metadata.use_cascade:
             key_cache, value_cache = caches(self, kv_cache)
             kv_mode = get_kv_quant_mode(self.kv_cache_dtype)
             qsl = attn_metadata.query_start_loc
@@ -110,7 +118,9 @@ def install(max_tokens: int) -> None:
             seg_out, seg_max, seg_sum = segments(self, query.device)
             unified_attention(
                 q=query[:n], k=key_cache, v=value_cache, out=output[:n],
-                cu_seqlens_q=qsl, max_seqlen_q=attn_metadata.max_query_len,
+                # vLLM 0.26 reads max_seqlen_q only to pick the 2D kernel (> 1) or the split-KV
+                # 3D one; the 3D kernel finds each sequence's query length in cu_seqlens_q
+                cu_seqlens_q=qsl, max_seqlen_q=1,
                 seqused_k=attn_metadata.seq_lens, max_seqlen_k=attn_metadata.max_seq_len,
                 softmax_scale=self.scale, causal=attn_metadata.causal,
                 window_size=self.sliding_window, block_table=attn_metadata.block_table,
@@ -135,5 +145,7 @@ def install(max_tokens: int) -> None:
     impl_cls.forward = forward
     impl_cls.do_kv_cache_update = do_kv_cache_update
     impl_cls.fused_output_quant_supported = fused_output_quant_supported
-    _installed = max_tokens
+    _installed, _verify = max_tokens, verify
     logger.info(LOG_TRITON_DECODE.format(max_tokens))
+    if verify:
+        logger.info(LOG_TRITON_VERIFY.format(max_tokens))

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 082c19c0187043244ebbb0b3e7ccf460c6bc63d3babf4997d8c1334fb022448c): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 19d8e4b0215150638d0f03d764bf1372db22babf8c397063345183d7057d65bf): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "082c19c0187043244ebbb0b3e7ccf460c6bc63d3babf4997d8c1334fb022448c"
+profile_sha256 = "19d8e4b0215150638d0f03d764bf1372db22babf8c397063345183d7057d65bf"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 4102ae70d90faa29ae807c6d8d3bf94ddb6ddbeb50d484c7e588e221bb371fb6): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 7568eed4429bb0d91687d7f67aaf6c1fb7346dc753ede3761a7b0cd968d2e7c8): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "4102ae70d90faa29ae807c6d8d3bf94ddb6ddbeb50d484c7e588e221bb371fb6"
+profile_sha256 = "7568eed4429bb0d91687d7f67aaf6c1fb7346dc753ede3761a7b0cd968d2e7c8"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 942161548fc43f5e402e7a4d9d5919b43becc2650e6d4de38ad2c542ec987abe): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 1695232d55389fda4d19103a1e8465766a9d6fd0195c3fb5ae449ae93357c983): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "942161548fc43f5e402e7a4d9d5919b43becc2650e6d4de38ad2c542ec987abe"
+profile_sha256 = "1695232d55389fda4d19103a1e8465766a9d6fd0195c3fb5ae449ae93357c983"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 51fa75a452c2063bb5ac03a53da0236eea5e20003da5a40d04f8677bdfb4c5ae): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 038665bd62545657bda787ae0c41d689c9cfb93196cd3e0a8d7d256940123cc8): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "51fa75a452c2063bb5ac03a53da0236eea5e20003da5a40d04f8677bdfb4c5ae"
+profile_sha256 = "038665bd62545657bda787ae0c41d689c9cfb93196cd3e0a8d7d256940123cc8"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

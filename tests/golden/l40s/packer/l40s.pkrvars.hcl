@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 19063ef675294c2087949d91fa0cce64c15036cfd5c174f0c5ce7887a4b33dd4): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 69f1172ce7ffb49976976224e9a4554a294b63e59e9c02c4a98d58d892ce500f): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "19063ef675294c2087949d91fa0cce64c15036cfd5c174f0c5ce7887a4b33dd4"
+profile_sha256 = "69f1172ce7ffb49976976224e9a4554a294b63e59e9c02c4a98d58d892ce500f"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

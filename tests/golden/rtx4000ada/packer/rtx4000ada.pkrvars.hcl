@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 42453a606adee7b26671b8513a8d61a2045c9459c05fd2920241a071bd4b512c): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 64474399ccdbbf716ff1490150e35f4af83519c791cfafe2ff5ac0fb16b30727): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "42453a606adee7b26671b8513a8d61a2045c9459c05fd2920241a071bd4b512c"
+profile_sha256 = "64474399ccdbbf716ff1490150e35f4af83519c791cfafe2ff5ac0fb16b30727"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

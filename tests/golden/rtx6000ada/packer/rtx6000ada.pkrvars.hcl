@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 814210ffd1f3a1e2fa6c117186b2cd4a1f56bef33ccc3b4cabc1891b19c91aa8): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 4613864bba5ed98ebb82064a796673539b420917f9a71270098d57613c66d3a2): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "814210ffd1f3a1e2fa6c117186b2cd4a1f56bef33ccc3b4cabc1891b19c91aa8"
+profile_sha256 = "4613864bba5ed98ebb82064a796673539b420917f9a71270098d57613c66d3a2"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
