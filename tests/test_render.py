@@ -220,7 +220,8 @@ def test_api_key_is_checked_by_nginx_not_passed_on_command_lines(tmp_path):
 
 
 def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
-    render(resolve("h100", ROOT / "profiles", overrides=["serving.triton_decode_max_tokens=8"]),
+    render(resolve("h100", ROOT / "profiles", overrides=["serving.triton_decode_max_tokens=8",
+                                                         "serving.triton_decode_verify=false"]),
            tmp_path)
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env  # read by the plugin's register()
@@ -228,8 +229,7 @@ def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
 
 
 def test_triton_verify_reaches_the_unit_environment_beside_its_token_limit(tmp_path):
-    render(resolve("h100", ROOT / "profiles", overrides=["serving.triton_decode_verify=true"]),
-           tmp_path)
+    render(resolve("h100", ROOT / "profiles"), tmp_path)  # the h100 profile sets it (run 38)
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env
     assert "INFERENCE_IMAGE_TRITON_DECODE_VERIFY=1\n" in env  # read by the plugin's register()
@@ -277,7 +277,10 @@ def test_whole_step_graphs_join_the_capture_size_in_one_compilation_config():
         return json.loads(argv[argv.index("--compilation-config") + 1])
 
     # vLLM's default mode renders nothing new: the line every tier rendered before the field
-    assert compilation() == {"max_cudagraph_capture_size": 2048}
+    assert compilation("serving.cudagraph_mode=full_and_piecewise") == {
+        "max_cudagraph_capture_size": 2048}
+    assert compilation() == {"max_cudagraph_capture_size": 2048,  # the h100 profile's own (run 38)
+                             "cudagraph_mode": "FULL"}
     assert compilation("serving.cudagraph_mode=full") == {
         "max_cudagraph_capture_size": 2048, "cudagraph_mode": "FULL"}
     assert compilation("serving.cudagraph_mode=full", "serving.cudagraph_capture_size=null") == {

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 93892ba22746ade1e6c04dd4a4c77b7407596de50a9de0da6be580d44cc58dc1): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 bd9fd93cfcb42ad448dddbdbd0922acc0059c9f72dd9f453ebbb86f6147ac0ae): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "93892ba22746ade1e6c04dd4a4c77b7407596de50a9de0da6be580d44cc58dc1"
+profile_sha256 = "bd9fd93cfcb42ad448dddbdbd0922acc0059c9f72dd9f453ebbb86f6147ac0ae"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
