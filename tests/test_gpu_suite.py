@@ -89,34 +89,29 @@ def test_the_plugin_parts_the_profile_turns_on_logged() -> None:
         check_h100(H100_LOG.replace("a step that only prefills", "a step"))
 
 
-def test_decode_graphs_logged_where_the_profile_turns_them_on() -> None:
-    # run 37, h100 with serving.cudagraph_mode=full_and_decode (fad2-chat-a)
-    log = H100_LOG + ("(EngineCore pid=995) INFO inference-image: uniform decode steps get "
-                      "whole-step graphs of their own beside FULL's mixed-batch graphs\n")
+# plugin parts the h100 profile turns on since runs 37-38: the setting, the line the part logged
+# there, and what the suite says when the line is missing
+PARTS = {
+    "decode-graphs": ({"cudagraph_mode": "full_and_decode"},
+                      "uniform decode steps get whole-step graphs of their own beside FULL's "
+                      "mixed-batch graphs", "full_and_decode but the plugin did not install"),
+    "triton-verify": ({"triton_decode_verify": True},
+                      "verify steps of <= 8 tokens use Triton's split-KV attention inside the "
+                      "FlashAttention backend", "triton_decode_verify is set but"),
+}
+
+
+@pytest.mark.parametrize("part", list(PARTS))
+def test_a_plugin_part_the_profile_turns_on_is_logged(part: str) -> None:
+    setting, line, missing = PARTS[part]
     profile = {**H100, "profile": {**H100["profile"], "serving": {
-        **H100["profile"]["serving"], "cudagraph_mode": "full_and_decode"}}}
+        **H100["profile"]["serving"], **setting}}}
 
     def check(text: str) -> None:
         gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(text), profile,
                                                   {"gpu_model": "NVIDIA H100 80GB HBM3"})
 
-    check(log)
-    with pytest.raises(AssertionError, match="full_and_decode but the plugin did not install"):
+    check(H100_LOG + f"(EngineCore pid=995) INFO inference-image: {line}\n")
+    with pytest.raises(AssertionError, match=missing):
         check(H100_LOG)
-    check_h100(H100_LOG)  # the default mode asks for no such line
-
-
-def test_triton_verify_logged_where_the_profile_turns_it_on() -> None:
-    log = H100_LOG + ("(EngineCore pid=995) INFO inference-image: verify steps of <= 8 tokens use "
-                      "Triton's split-KV attention inside the FlashAttention backend\n")
-    profile = {**H100, "profile": {**H100["profile"], "serving": {
-        **H100["profile"]["serving"], "triton_decode_verify": True}}}
-
-    def check(text: str) -> None:
-        gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(text), profile,
-                                                  {"gpu_model": "NVIDIA H100 80GB HBM3"})
-
-    check(log)
-    with pytest.raises(AssertionError, match="triton_decode_verify is set but"):
-        check(H100_LOG)
-    check_h100(H100_LOG)  # off by default: no such line asked for
+    check_h100(H100_LOG)  # the part off: no such line asked for
