@@ -6,8 +6,9 @@ then runs one step twice on two copies of it: once through vLLM's FlashAttention
 once through the same class with the plugin installed. Both outputs are checked against a float32
 attention over the dequantized cache, the two caches must be byte-identical afterwards, and the
 route each call took is counted, so a silent fallback to FA3 cannot pass as the Triton route.
-Every case runs with the plugin's `verify` off (the profile's default: more than one query token a
-sequence goes to FA3) and on (such steps go to Triton's split-KV kernel too).
+Every case runs with the plugin's `verify` off (`serving.triton_decode_verify: false`: more than
+one query token a sequence goes to FA3) and on (the h100 profile: such steps of at most
+MAX_TOKENS tokens go to Triton's split-KV kernel too).
 """
 
 from __future__ import annotations

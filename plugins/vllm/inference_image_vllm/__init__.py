@@ -37,8 +37,13 @@ LOG_DECODE_GRAPHS = ("inference-image: uniform decode steps get whole-step graph
 LOG_FP8_DISPATCH = "inference-image FP8 dispatch installed (table: {table}, measured on {device})"
 
 
+def _on(name: str) -> bool:
+    """A part's switch in the rendered unit environment (render.vllm_env writes "1")."""
+    return os.environ.get(name, "0") == "1"
+
+
 def enabled() -> bool:
-    return os.environ.get("INFERENCE_IMAGE_FP8_DISPATCH", "0") == "1"
+    return _on("INFERENCE_IMAGE_FP8_DISPATCH")
 
 
 def triton_decode_tokens() -> int:
@@ -47,15 +52,15 @@ def triton_decode_tokens() -> int:
 
 
 def triton_decode_verify() -> bool:
-    return os.environ.get("INFERENCE_IMAGE_TRITON_DECODE_VERIFY", "0") == "1"
+    return _on("INFERENCE_IMAGE_TRITON_DECODE_VERIFY")
 
 
 def early_first_token() -> bool:
-    return os.environ.get("INFERENCE_IMAGE_EARLY_FIRST_TOKEN", "0") == "1"
+    return _on("INFERENCE_IMAGE_EARLY_FIRST_TOKEN")
 
 
 def own_decode_graphs() -> bool:
-    return os.environ.get("INFERENCE_IMAGE_DECODE_GRAPHS", "0") == "1"
+    return _on("INFERENCE_IMAGE_DECODE_GRAPHS")
 
 
 def register() -> None:

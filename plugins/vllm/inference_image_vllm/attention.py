@@ -106,9 +106,9 @@ def install(max_tokens: int, verify: bool = False) -> None:
         if attn_metadata is None:  # vLLM's memory-profiling run
             return output.fill_(0)
         n = attn_metadata.num_actual_tokens
-        # one query token a sequence, unless _verify: with more (a speculative verify step, a
-        # prefill chunk) vLLM's Triton kernel would run unsplit, one CTA per KV head over the
-        # whole context
+        # one query token a sequence, unless _verify: with more (a speculative verify step, or a
+        # prompt chunk small enough to fit) vLLM's own call would run Triton's unsplit kernel, one
+        # CTA per KV head over the whole context; _verify sends them to the split one
         if n <= max_tokens and (attn_metadata.max_query_len == 1 or _verify) \
                 and output_block_scale is None and plain(self) and not attn_metadata.use_cascade:
             key_cache, value_cache = caches(self, kv_cache)
