@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from conftest import free_port
 
-from inference_image import bench, cli, proof
+from inference_image import bench, cli, gpu_bench, proof
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
 
@@ -487,6 +487,58 @@ def test_a_tuned_table_comes_back_in_proof_json(tmp_path: Path,
     assert "tune" not in doc.get("failed", {})
 
 
+def test_attention_times_the_routes_steps_up_to_the_profiles_context(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`attention` hands its child (gpu_bench.attention_route in vLLM's Python) the target's
+    heads, the profile's token limit and draft length, and contexts from 256 tokens to the
+    profile's max_model_len less a verify step, and keeps the rows and their shapes in proof.json.
+    A profile that sends no step to Triton is refused in one line. The child is stood in for by
+    a script that echoes what it was given (no GPU here)."""
+    monkeypatch.setenv("OUT", str(tmp_path / "OUT"))
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env python3\n"
+                    "import json, sys\n"
+                    "assert sys.argv[1] == '-c' and 'gpu_bench.attention_route' in sys.argv[2]\n"
+                    "kw = json.loads(sys.argv[3])\n"
+                    "print('a line of the kernels compiling')\n"
+                    "print(json.dumps([{'context': c, 'kw': kw} for c in kw['contexts']]))\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
+
+    def run(tier: str, *sets: str) -> dict[str, Any]:
+        out = tmp_path / tier / "pout"
+        proof.Runner(plan=proof.Plan(tier=tier, steps=[proof.Step("attention", sets=sets)]),
+                     out=out, work=tmp_path / tier / "w", model_dir=tmp_path / "m",
+                     python=str(fake)).run()
+        return json.loads((out / "proof.json").read_text())
+
+    doc = run("h100")
+    rows = doc["attention"]
+    assert [r["context"] for r in rows] == [256, 512, 1024, 2048, 3072, 4096, 8188]
+    assert rows[0]["kw"] == {"heads": 32, "kv_heads": 8, "head": 128, "max_tokens": 8, "k": 3,
+                             "contexts": [256, 512, 1024, 2048, 3072, 4096, 8188],
+                             "segments": [16, 32, 64, 128]}
+    assert doc["attention_model"]["target"] == "llama-3.1-8b-instruct"
+    # the h200 sends nothing to Triton as it ships; with a limit set, the 70B's heads
+    refused = run("h200")
+    assert "attention" not in refused
+    assert refused["failed"]["attention"].startswith(
+        "attention: the h200 profile sends no step to Triton")
+    doc = run("h200", "serving.triton_decode_max_tokens=8")
+    assert doc["attention"][0]["kw"]["heads"] == 64 and doc["attention"][0]["kw"]["kv_heads"] == 8
+
+
+def test_attention_steps_are_the_shapes_the_route_takes() -> None:
+    """The draft's one-token passes at 1, 4 and the limit's sequences, and a verify step of one
+    and of two sequences where it fits under the limit (a longer draft: one sequence only)."""
+    assert gpu_bench.attention_steps(3, 8) == {
+        "decode-1": [1], "decode-4": [1] * 4, "decode-8": [1] * 8,
+        "verify-1x4": [4], "verify-2x4": [4, 4]}
+    assert gpu_bench.attention_steps(5, 8) == {
+        "decode-1": [1], "decode-4": [1] * 4, "decode-8": [1] * 8, "verify-1x6": [6]}
+    assert gpu_bench.attention_steps(3, 1) == {"decode-1": [1]}
+
+
 def test_layouts_are_the_splits_that_fit_and_the_choice_follows_the_targets(tmp_path: Path) -> None:
     """h100x8: 70B FP8 does not fit one H100 with its KV cache, so 8 x TP1 is no candidate. The
     choice is the fastest layout at the target concurrency within the TTFT p99 target; one that
@@ -665,6 +717,11 @@ def test_the_plugin_a_proof_serves_with_is_this_trees(tmp_path: Path,
     env = tmp_path / "vllm-0.env"
     env.write_text("MODEL_PATH=/x\n")
     runner._plugin(env)
+    # a --python without pip: the step fails in one line naming the fix, not a traceback
+    bare = proof.Runner(plan=proof.Plan(), out=tmp_path, work=tmp_path, model_dir=tmp_path,
+                        python="/bin/false")
+    with pytest.raises(proof.ProofError, match=r"-m pip \(exit 1\)\. Fix: give --python"):
+        bare._plugin(None)
 
 
 def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> None:

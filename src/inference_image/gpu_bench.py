@@ -5,6 +5,7 @@ stream can do."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Any
 
@@ -93,4 +94,86 @@ def gemm(rows_m: tuple[int, ...] = (1, 64)) -> list[dict[str, Any]]:
                     "bf16_ms": round(total["bf16"], 3),
                     "fp8_cutlass_ms": round(total["fp8"] + total["act_quant"], 3),
                     "fp8_torch_ms": round(total["fp8_torch"] + total["act_quant"], 3)})
+    return out
+
+
+# the steps the plugin's Triton route takes on a tier that speculates k tokens: a verify step of
+# one and of two sequences (c=1, c=2), and the draft head's one-token passes
+def attention_steps(k: int, max_tokens: int) -> dict[str, list[int]]:
+    steps = {f"decode-{n}": [1] * n for n in sorted({1, min(4, max_tokens), max_tokens})}
+    for seqs in (1, 2):
+        if seqs * (k + 1) <= max_tokens:
+            steps[f"verify-{seqs}x{k + 1}"] = [k + 1] * seqs
+    return steps
+
+
+def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: int,
+                    contexts: list[int], segments: list[int], layers: int = 32) -> list[dict[str, Any]]:
+    """One layer's attention, FA3 (vLLM's FlashAttentionImpl as shipped) against the plugin's Triton
+    split-KV route (verify on) at each split count, for each step shape at each cached context, on
+    an FP8 KV cache in vLLM's layout. Each timing replays a CUDA graph of `layers` calls, each on a
+    KV cache of its own (as a served step's layers read theirs: from HBM, not from L2), so neither
+    the host's launch time nor a cache left warm by the layer before counts; microseconds a call,
+    median."""
+    import torch
+    from inference_image_vllm import attention
+    from vllm.v1.attention.backends import flash_attn
+
+    block = 16
+    cls = flash_attn.FlashAttentionImpl
+    fa_forward = cls.forward
+    attention.install(max_tokens, verify=True)
+    route = cls.forward
+    impl = cls(heads, head, head ** -0.5, kv_heads, None, None, "fp8")
+    layer = torch.nn.Module().cuda()
+    for name in ("_q_scale", "_k_scale", "_v_scale"):
+        layer.register_buffer(name, torch.tensor(0.02, dtype=torch.float32, device="cuda"))
+    steps = attention_steps(k, max_tokens)
+    per_seq = (max(contexts) + k + 1 + block - 1) // block
+    seqs = max(len(q) for q in steps.values())
+    # bytes below 0x78 are finite FP8 (e4m3fn has no infinity; 0x7f is NaN): the values do not
+    # change either kernel's work
+    caches = [torch.empty(seqs * per_seq, block, kv_heads, 2 * head, dtype=torch.uint8,
+                          device="cuda").random_(0, 0x78).permute(0, 2, 1, 3)
+              for _ in range(layers)]
+    table = torch.randperm(seqs * per_seq, device="cuda", dtype=torch.int32).reshape(seqs, per_seq)
+
+    def timed(forward: Any, call: tuple[Any, ...], meta: Any, result: Any) -> float:
+        fns = [functools.partial(forward, *call, cache, meta, result) for cache in caches]
+        for fn in fns[:2]:  # Triton compiles outside the capture
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
+        return round(time_ms(graph.replay, reps=20) * 1e3 / layers, 2)
+
+    out: list[dict[str, Any]] = []
+    for name, q_lens in steps.items():
+        n = sum(q_lens)
+        qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                           device="cuda")
+        call = (impl, layer, (torch.randn(n, heads, head, device="cuda") * 4).to(torch.float8_e4m3fn),
+                torch.randn(n, kv_heads, head, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, kv_heads, head, device="cuda", dtype=torch.bfloat16))
+        result = torch.empty(n, heads, head, device="cuda", dtype=torch.bfloat16)
+        for ctx in contexts:
+            seq_lens = [ctx + q for q in q_lens]
+            meta = flash_attn.FlashAttentionMetadata(
+                num_actual_tokens=n, max_query_len=max(q_lens), query_start_loc=qsl,
+                max_seq_len=max(seq_lens),
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
+                block_table=table[: len(q_lens)], slot_mapping=torch.full(
+                    (n,), -1, dtype=torch.int64, device="cuda"),
+                use_cascade=False, common_prefix_len=0, cu_prefix_query_lens=None,
+                prefix_kv_lens=None, suffix_kv_lens=None)
+            row: dict[str, Any] = {"step": name, "context": ctx,
+                                   "fa3_us": timed(fa_forward, call, meta, result)}
+            for count in segments:
+                attention._segments = count
+                row[f"triton_{count}_us"] = timed(route, call, meta, result)
+            attention._segments = None
+            out.append(row)
+            print(row, flush=True)
     return out

@@ -52,8 +52,8 @@ from .render import render
 from .schema import CatalogModel, acceptance_problem, bad_scenario_spec, scenario_spec
 from .trace import middle
 
-StepKind = Literal["info", "bandwidth", "gemm", "tune", "models", "vanilla", "profile", "layout",
-                   "served", "trace", "stacks", "choose", "cannot_start", "assemble"]
+StepKind = Literal["info", "bandwidth", "gemm", "attention", "tune", "models", "vanilla", "profile",
+                   "layout", "served", "trace", "stacks", "choose", "cannot_start", "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 # the steps that start one server and drive it with their own clients (Step.client_cpus)
 PINNABLE = ("vanilla", "profile", "trace", "stacks")
@@ -999,11 +999,12 @@ class Runner:
         self.results["bandwidth"] = self._child("bandwidth")
         print(self.results["bandwidth"])
 
-    def _child(self, fn: str) -> Any:
-        """gpu_bench.FN() in a child process: its CUDA memory goes back when it ends."""
-        code = f"import json; from inference_image import gpu_bench; print(json.dumps(gpu_bench.{fn}()))"
-        proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
-                              check=False)
+    def _child(self, fn: str, **kwargs: Any) -> Any:
+        """gpu_bench.FN(**kwargs) in a child process: its CUDA memory goes back when it ends."""
+        code = ("import json, sys; from inference_image import gpu_bench; "
+                f"print(json.dumps(gpu_bench.{fn}(**json.loads(sys.argv[1]))))")
+        proc = subprocess.run([self.python, "-c", code, json.dumps(kwargs)], capture_output=True,
+                              text=True, check=False)
         if proc.returncode:
             raise ProofError(f"{fn}: {proc.stderr.strip()[-800:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -1013,6 +1014,36 @@ class Runner:
         what bounds one stream's token time before attention and overheads."""
         rows = self._child("gemm")
         self.results["gemm"] = rows
+        for row in rows:
+            print(row)
+
+    def step_attention(self, step: Step) -> None:
+        """One layer's attention for the steps the plugin's Triton route takes (a verify step at
+        c=1 and 2, the draft's one-token passes), FA3 against the route at 16 (vLLM's count), 32,
+        64 and 128 split-KV segments, from 256 cached tokens to the profile's context limit: where the
+        route pays, as the context a tier serves grows."""
+        try:
+            r = self.resolved(step.sets)
+        except ProfileErrors as exc:
+            raise ProofError(str(exc)) from None
+        serving, t = r.profile.serving, r.target
+        if not serving.triton_decode_max_tokens:
+            raise ProofError(f"attention: the {r.profile.tier} profile sends no step to Triton "
+                             "(serving.triton_decode_max_tokens is 0): nothing to time")
+        self._plugin(None)
+        top = min(serving.max_model_len, 16384)
+        contexts = sorted({c for c in (256, 512, 1024, 2048, 3072, 4096, 8192, 16384) if c < top}
+                          | {top - r.profile.model.speculative.num_speculative_tokens - 1})
+        rows = self._child("attention_route", heads=t.num_attention_heads, kv_heads=t.num_kv_heads,
+                           head=t.head_dim, max_tokens=serving.triton_decode_max_tokens,
+                           k=r.profile.model.speculative.num_speculative_tokens,
+                           contexts=contexts, segments=[16, 32, 64, 128])
+        self.results["attention"] = rows
+        # the rows' shapes: the timings read alike for every model with these KV heads
+        self.results["attention_model"] = {
+            "target": r.profile.model.target, "heads": t.num_attention_heads,
+            "kv_heads": t.num_kv_heads, "head_dim": t.head_dim, "kv_cache_dtype": "fp8",
+            "max_tokens": serving.triton_decode_max_tokens, "calls_per_graph": 32}
         for row in rows:
             print(row)
 
@@ -1169,9 +1200,15 @@ class Runner:
                 (where / PLUGIN_MARK).read_text().strip() == want:
             return
         site = os.environ.get("PROOF_SITE", "/tmp/site")
-        subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "--no-index", "--target", site, "--upgrade",
-                        str(project_root() / "plugins" / "vllm")], check=True)
+        proc = subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-deps",
+                               "--no-build-isolation", "--no-index", "--target", site, "--upgrade",
+                               str(project_root() / "plugins" / "vllm")],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode:
+            said = (proc.stderr or proc.stdout).strip()[-400:]
+            raise ProofError(f"the vLLM plugin did not install with {self.python} -m pip (exit "
+                             f"{proc.returncode}{': ' + said if said else ''}). Fix: give "
+                             "--python the Python that has vLLM and pip")
         where = self._plugin_dir()
         if where is None or where.parent.resolve() != Path(site).resolve():
             raise ProofError(f"the vLLM plugin was installed into {site}, but {self.python} "
@@ -1817,7 +1854,7 @@ def cmd_step(args: argparse.Namespace) -> int:
     return _start(args, plan)
 
 
-MEASURED = ("runs", "trace", "tune", "gemm")  # what a machine's proof.json may hold
+MEASURED = ("runs", "trace", "tune", "gemm", "attention")  # what a machine's proof.json may hold
 
 
 def record(run: int, date: str, note: str, machines: list[str],
@@ -1843,8 +1880,8 @@ def record(run: int, date: str, note: str, machines: list[str],
             raise ProofError(f"--machine {name}={path}: not a proof.json ({exc})") from None
         # a machine may hold traces or a tune only (run 32's first two): measured all the same
         if not isinstance(doc, dict) or not any(doc.get(k) for k in MEASURED):
-            raise ProofError(f"--machine {name}={path}: no bench rows, trace, tune or GEMM "
-                             "timings: not what a proof step writes, or every step of it failed")
+            raise ProofError(f"--machine {name}={path}: no bench rows, trace, tune, GEMM or "
+                             "attention timings: not what a proof step writes, or every step of it failed")
         own = doc.get("tier")
         if own and given and own != given:
             raise ProofError(f"--machine {spec}: its proof.json holds tier {own}'s steps. "

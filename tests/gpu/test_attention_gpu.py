@@ -160,6 +160,8 @@ STEPS: dict[str, tuple[list[int], int] | tuple[list[int], int, list[int]]] = {
     # 16 or 32 keys, 16 segments), which the first of 4 query tokens may not see: a segment where
     # a row sees nothing must add nothing
     "verify-edge": ([4, 4], 8, [253, 509]),
+    # a long-form context beside a short one: many keys a segment for one, few for the other
+    "verify-long": ([4, 4], 8, [2040, 60]),
     # 3 real tokens in a 16-row CUDA graph: the cache write sees 16 rows and goes to FA3,
     # the attention sees 3 and goes to Triton (the two routes meet on one step)
     "split-routes": ([1, 1, 1], 16),
@@ -180,6 +182,22 @@ def verify(request):
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("step", list(STEPS))
 def test_triton_route_matches_fa3(plugin, verify, step, kv_dtype, fused_quant):
+    _check_step(plugin, verify, step, kv_dtype, fused_quant)
+
+
+@pytest.mark.parametrize("count", [32, 64, 128])
+@pytest.mark.parametrize("step", ["verify-edge", "verify-long", "decode-4"])
+def test_other_split_counts_match_fa3(plugin, step, count):
+    """The split counts the proof's `attention` step times beside vLLM's 16 (the plugin's
+    `_segments`) give FA3's answer too, where a segment holds a few keys or none."""
+    attention._verify, attention._segments = True, count
+    try:
+        _check_step(plugin, True, step, "fp8", False)
+    finally:
+        attention._verify, attention._segments = False, None
+
+
+def _check_step(plugin, verify, step, kv_dtype, fused_quant):
     patched, vanilla_forward, vanilla_cache, routes = plugin
     if fused_quant and kv_dtype != "fp8":
         pytest.skip("the o_proj FP8 fusion is only used with the FP8 profile (FP8 KV)")

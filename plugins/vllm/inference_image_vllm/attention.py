@@ -36,6 +36,10 @@ logger = logging.getLogger("vllm.inference_image_vllm")
 _installed = 0
 # read at each call, not baked into the closure, so tests/gpu can check both routes in one process
 _verify = False
+# Triton's split-KV segments a sequence; None: vLLM's own count. Read at each call (a CUDA graph
+# keeps the count it was captured with), so the proof's `attention` step can time several in one
+# process
+_segments: int | None = None
 
 
 def install(max_tokens: int, verify: bool = False) -> None:
@@ -68,12 +72,13 @@ def install(max_tokens: int, verify: bool = False) -> None:
                 and get_kv_quant_mode(impl.kv_cache_dtype) in (KVQuantMode.NONE,
                                                                KVQuantMode.FP8_PER_TENSOR))
 
-    def segments(impl: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def segments(impl: Any, device: torch.device, count: int) -> tuple[
+            torch.Tensor, torch.Tensor, torch.Tensor]:
         # Triton's split-KV partials: one set for every layer (they run one after another)
-        key = (device, impl.num_heads, impl.head_size)
+        key = (device, impl.num_heads, impl.head_size, count)
         if key not in scratch:
             pad = 1 << (impl.head_size - 1).bit_length()
-            shape = (max_tokens, impl.num_heads, NUM_PAR_SOFTMAX_SEGMENTS)
+            shape = (max_tokens, impl.num_heads, count)
             scratch[key] = (torch.empty((*shape, pad), dtype=torch.float32, device=device),
                             torch.empty(shape, dtype=torch.float32, device=device),
                             torch.empty(shape, dtype=torch.float32, device=device))
@@ -115,7 +120,8 @@ def install(max_tokens: int, verify: bool = False) -> None:
             kv_mode = get_kv_quant_mode(self.kv_cache_dtype)
             qsl = attn_metadata.query_start_loc
             descale = (qsl.shape[0] - 1, key_cache.shape[2])
-            seg_out, seg_max, seg_sum = segments(self, query.device)
+            count = _segments or NUM_PAR_SOFTMAX_SEGMENTS
+            seg_out, seg_max, seg_sum = segments(self, query.device, count)
             unified_attention(
                 q=query[:n], k=key_cache, v=value_cache, out=output[:n],
                 # vLLM 0.26 reads max_seqlen_q only to pick the 2D kernel (> 1) or the split-KV
@@ -128,7 +134,7 @@ def install(max_tokens: int, verify: bool = False) -> None:
                 q_descale=layer._q_scale if (kv_mode == KVQuantMode.FP8_PER_TENSOR
                                              and query.dtype == fp8) else None,
                 k_descale=layer._k_scale.expand(descale), v_descale=layer._v_scale.expand(descale),
-                seq_threshold_3D=max_tokens, num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
+                seq_threshold_3D=max_tokens, num_par_softmax_segments=count,
                 softmax_segm_output=seg_out, softmax_segm_max=seg_max, softmax_segm_expsum=seg_sum,
                 output_scale=output_scale, kv_quant_mode=kv_mode,
             )
