@@ -108,16 +108,20 @@ def attention_steps(k: int, max_tokens: int) -> dict[str, list[int]]:
 
 
 def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: int,
-                    contexts: list[int], segments: list[int], layers: int = 32) -> list[dict[str, Any]]:
+                    contexts: list[int], segments: list[int], layers: int = 32,
+                    fa3_splits: int = 32) -> list[dict[str, Any]]:
     """One layer's attention, FA3 (vLLM's FlashAttentionImpl as shipped) against the plugin's Triton
     split-KV route (verify on) at each split count, for each step shape at each cached context, on
     an FP8 KV cache in vLLM's layout. Each timing replays a CUDA graph of `layers` calls, each on a
     KV cache of its own (as a served step's layers read theirs: from HBM, not from L2), so neither
     the host's launch time nor a cache left warm by the layer before counts; microseconds a call,
-    median."""
+    median. FA3 gets what vLLM's metadata builder gives it for a step inside a full CUDA graph: a
+    scheduler plan made ahead with at most `fa3_splits` splits (vLLM's
+    flash_attn_max_num_splits_for_cuda_graph)."""
     import torch
     from inference_image_vllm import attention
     from vllm.v1.attention.backends import flash_attn
+    from vllm.v1.attention.backends.fa_utils import get_scheduler_metadata
 
     block = 16
     cls = flash_attn.FlashAttentionImpl
@@ -160,14 +164,20 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
         result = torch.empty(n, heads, head, device="cuda", dtype=torch.bfloat16)
         for ctx in contexts:
             seq_lens = [ctx + q for q in q_lens]
+            lens = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+            plan = get_scheduler_metadata(
+                batch_size=len(q_lens), max_seqlen_q=max(q_lens), max_seqlen_k=max(seq_lens),
+                num_heads_q=heads, num_heads_kv=kv_heads, headdim=head, cache_seqlens=lens,
+                qkv_dtype=torch.float8_e4m3fn, cu_seqlens_q=qsl, page_size=block, causal=True,
+                window_size=(-1, -1), num_splits=fa3_splits)
             meta = flash_attn.FlashAttentionMetadata(
                 num_actual_tokens=n, max_query_len=max(q_lens), query_start_loc=qsl,
-                max_seq_len=max(seq_lens),
-                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
+                max_seq_len=max(seq_lens), seq_lens=lens,
                 block_table=table[: len(q_lens)], slot_mapping=torch.full(
                     (n,), -1, dtype=torch.int64, device="cuda"),
                 use_cascade=False, common_prefix_len=0, cu_prefix_query_lens=None,
-                prefix_kv_lens=None, suffix_kv_lens=None)
+                prefix_kv_lens=None, suffix_kv_lens=None, scheduler_metadata=plan,
+                max_num_splits=fa3_splits)
             row: dict[str, Any] = {"step": name, "context": ctx,
                                    "fa3_us": timed(fa_forward, call, meta, result)}
             for count in segments:

@@ -1043,7 +1043,8 @@ class Runner:
         self.results["attention_model"] = {
             "target": r.profile.model.target, "heads": t.num_attention_heads,
             "kv_heads": t.num_kv_heads, "head_dim": t.head_dim, "kv_cache_dtype": "fp8",
-            "max_tokens": serving.triton_decode_max_tokens, "calls_per_graph": 32}
+            "max_tokens": serving.triton_decode_max_tokens, "calls_per_graph": 32,
+            "fa3": "scheduler plan made ahead, at most 32 splits (as in vLLM's full graphs)"}
         for row in rows:
             print(row)
 
