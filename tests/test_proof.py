@@ -120,7 +120,7 @@ def test_plan_round_trips_and_names_as_imaged_configs(tmp_path: Path,
     # h100: EAGLE-3 with 3 draft tokens at the head's published acceptance (0.74, 0.54, 0.41: a
     # mean of 2.69 tokens a step), then the worst and best a 3-token draft can do
     assert names == ["info", "bandwidth", "models", "vanilla", "draft-off", "as-imaged-L2.69",
-                     "as-imaged-L1", "as-imaged-L4", "assemble"]
+                     "as-imaged-L1", "as-imaged-L4", "attention", "assemble"]
     assert plan.steps[4].sets == proof.NO_DRAFT
     assert plan.steps[5].acceptance_rates == (0.74, 0.54, 0.41)
     # the documented acceptance is measured as clients reach it: through the render's router
@@ -182,6 +182,8 @@ def test_a_published_mean_length_is_used_where_no_per_position_figures_are(tmp_p
     r = resolve("h200")
     assert proof.published_acceptance(r) == (1.83, ())
     plan = proof.standard_plan("h200", None, (1, 16), (1,))
+    # the h200 routes nothing to Triton: no attention step to time
+    assert "attention" not in [s.name() for s in plan.steps]
     imaged = [s for s in plan.steps if s.label == "as-imaged-L1.83"]
     assert imaged and imaged[0].acceptance_length == 1.83 and imaged[0].concurrency == ()
     # the 8B head's per-position figures still win over any length
@@ -526,6 +528,23 @@ def test_attention_times_the_routes_steps_up_to_the_profiles_context(
         "attention: the h200 profile sends no step to Triton")
     doc = run("h200", "serving.triton_decode_max_tokens=8")
     assert doc["attention"][0]["kw"]["heads"] == 64 and doc["attention"][0]["kw"]["kv_heads"] == 8
+
+
+def test_the_summary_says_where_the_route_pays() -> None:
+    """`assemble` reads the attention rows as where the shipped route (16 segments) beat FA3, per
+    step shape, and what it costs at the longest context timed."""
+    def row(step: str, ctx: int, fa3: float, route: float) -> dict[str, Any]:
+        return {"step": step, "context": ctx, "fa3_us": fa3, "triton_16_us": route,
+                "triton_64_us": 1.0}
+    rows = [row("verify-1x4", 4096, 14.8, 20.3), row("verify-1x4", 512, 11.0, 7.8),
+            row("verify-1x4", 1024, 12.2, 10.1), row("decode-8", 512, 13.0, 13.0)]
+    assert proof.attention_lines(rows) == [
+        "attention verify-1x4: the route quicker than FA3 at 512, 1024 cached tokens; at 4096 "
+        "20.3 against 14.8 us a layer",
+        "attention decode-8: the route quicker than FA3 at no cached tokens; at 512 13.0 against "
+        "13.0 us a layer"]
+    r = resolve("h100")
+    assert "attention verify-1x4" in proof.assemble({"attention": rows}, r)
 
 
 def test_attention_steps_are_the_shapes_the_route_takes() -> None:

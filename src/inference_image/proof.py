@@ -275,6 +275,7 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
     (every concurrency; a one-instance tier through its router as well as at the instance: the
     `served` step), and at each of `lengths` (`short` concurrencies; default: 1.0, where no
     draft token is accepted, and k+1, where every one is); or once where the tier does not speculate.
+    A tier whose profile routes small steps to Triton's attention times the route too (`attention`).
     Vanilla is `vllm serve` on the tier's GPUs: bf16, or `--quantization fp8` (the plain FP8 a
     user would try first) where bf16 weights do not fit them; tensor parallel over all of them."""
     r = resolve(tier)
@@ -307,6 +308,9 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
             full = not published and i == 0
             steps.append(Step(kind, label=f"as-imaged-L{other:g}", acceptance_length=other,
                               concurrency=() if full else short))
+    if r.profile.serving.triton_decode_max_tokens:
+        # where the tier's Triton attention route stops paying, by context (about 40 s)
+        steps.append(Step("attention"))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
 
@@ -1720,9 +1724,24 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
                      f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
     for cfg, s in res.get("ready_s", {}).items():
         lines.append(f"ready {cfg}: {s['s']} s ({s['compile_cache']} compile cache)")
+    lines += attention_lines(res.get("attention") or [])
     for cfg, why in res.get("failed", {}).items():
         lines.append(f"FAILED {cfg}: {why.splitlines()[0][:150]}")
     return "\n".join(lines)
+
+
+def attention_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per step shape of the `attention` step: the cached contexts where the shipped route (vLLM's
+    16 split-KV segments) was quicker than FA3, and its time against FA3's at the longest."""
+    lines = []
+    for step in dict.fromkeys(r["step"] for r in rows):
+        own = sorted((r for r in rows if r["step"] == step), key=lambda r: r["context"])
+        wins = [r["context"] for r in own if r["triton_16_us"] < r["fa3_us"]]
+        last = own[-1]
+        lines.append(f"attention {step}: the route quicker than FA3 at "
+                     f"{', '.join(map(str, wins)) if wins else 'no'} cached tokens; at "
+                     f"{last['context']} {last['triton_16_us']} against {last['fa3_us']} us a layer")
+    return lines
 
 
 # ---- command line -----------------------------------------------------------------------------
