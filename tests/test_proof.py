@@ -508,18 +508,17 @@ def test_attention_times_the_routes_steps_up_to_the_profiles_context(
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
 
     def run(tier: str, *sets: str) -> dict[str, Any]:
-        out = tmp_path / tier / "pout"
+        here = tmp_path / f"{tier}{len(list(tmp_path.glob(tier + '*')))}"
         proof.Runner(plan=proof.Plan(tier=tier, steps=[proof.Step("attention", sets=sets)]),
-                     out=out, work=tmp_path / tier / "w", model_dir=tmp_path / "m",
+                     out=here / "pout", work=here / "w", model_dir=tmp_path / "m",
                      python=str(fake)).run()
-        return json.loads((out / "proof.json").read_text())
+        return json.loads((here / "pout" / "proof.json").read_text())
 
     doc = run("h100")
     rows = doc["attention"]
     assert [r["context"] for r in rows] == [256, 512, 1024, 2048, 3072, 4096, 8188]
     assert rows[0]["kw"] == {"heads": 32, "kv_heads": 8, "head": 128, "max_tokens": 8, "k": 3,
-                             "contexts": [256, 512, 1024, 2048, 3072, 4096, 8188],
-                             "segments": [16, 32, 64, 128]}
+                             "contexts": [256, 512, 1024, 2048, 3072, 4096, 8188]}
     assert doc["attention_model"]["target"] == "llama-3.1-8b-instruct"
     # the h200 sends nothing to Triton as it ships; with a limit set, the 70B's heads
     refused = run("h200")
@@ -528,6 +527,10 @@ def test_attention_times_the_routes_steps_up_to_the_profiles_context(
         "attention: the h200 profile sends no step to Triton")
     doc = run("h200", "serving.triton_decode_max_tokens=8")
     assert doc["attention"][0]["kw"]["heads"] == 64 and doc["attention"][0]["kw"]["kv_heads"] == 8
+    # the step times an FP8 cache only: a bf16 one is refused, not timed as FP8
+    bf16 = run("h100", "model.kv_cache_dtype=auto", "serving.max_num_seqs=48")
+    assert bf16["failed"]["attention"] == ("attention: times an FP8 KV cache, and the h100 "
+                                           "profile has model.kv_cache_dtype: auto")
 
 
 def test_the_summary_says_where_the_route_pays() -> None:

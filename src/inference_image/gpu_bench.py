@@ -97,6 +97,17 @@ def gemm(rows_m: tuple[int, ...] = (1, 64)) -> list[dict[str, Any]]:
     return out
 
 
+# The attention step's split-KV segment counts: vLLM's own (NUM_PAR_SOFTMAX_SEGMENTS in vLLM
+# 0.26's Triton backend, what the plugin ships) first
+VLLM_SEGMENTS = 16
+ATTENTION_SEGMENTS = (VLLM_SEGMENTS, 32, 64, 128)
+# calls a timed CUDA graph holds (one layer each, as many as Llama 8B's layers)
+ATTENTION_CALLS = 32
+# the most splits vLLM's FA3 metadata builder allows inside full CUDA graphs (0.26's
+# attention_config.flash_attn_max_num_splits_for_cuda_graph)
+FA3_GRAPH_SPLITS = 32
+
+
 # the steps the plugin's Triton route takes on a tier that speculates k tokens: a verify step of
 # one and of two sequences (c=1, c=2), and the draft head's one-token passes
 def attention_steps(k: int, max_tokens: int) -> dict[str, list[int]]:
@@ -108,8 +119,9 @@ def attention_steps(k: int, max_tokens: int) -> dict[str, list[int]]:
 
 
 def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: int,
-                    contexts: list[int], segments: list[int], layers: int = 32,
-                    fa3_splits: int = 32) -> list[dict[str, Any]]:
+                    contexts: list[int], segments: tuple[int, ...] = ATTENTION_SEGMENTS,
+                    layers: int = ATTENTION_CALLS,
+                    fa3_splits: int = FA3_GRAPH_SPLITS) -> list[dict[str, Any]]:
     """One layer's attention, FA3 (vLLM's FlashAttentionImpl as shipped) against the plugin's Triton
     split-KV route (verify on) at each split count, for each step shape at each cached context, on
     an FP8 KV cache in vLLM's layout. Each timing replays a CUDA graph of `layers` calls, each on a

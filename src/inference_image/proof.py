@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from . import bench, stacks, trace
+from . import bench, gpu_bench, stacks, trace
 from .bench import acceptance, engine_counters
 from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
 from .memory import decode_bytes_per_token, weight_bytes
@@ -1034,6 +1034,9 @@ class Runner:
         if not serving.triton_decode_max_tokens:
             raise ProofError(f"attention: the {r.profile.tier} profile sends no step to Triton "
                              "(serving.triton_decode_max_tokens is 0): nothing to time")
+        if r.profile.model.kv_cache_dtype != "fp8":
+            raise ProofError(f"attention: times an FP8 KV cache, and the {r.profile.tier} profile "
+                             f"has model.kv_cache_dtype: {r.profile.model.kv_cache_dtype}")
         self._plugin(None)
         top = min(serving.max_model_len, 16384)
         contexts = sorted({c for c in (256, 512, 1024, 2048, 3072, 4096, 8192, 16384) if c < top}
@@ -1041,14 +1044,16 @@ class Runner:
         rows = self._child("attention_route", heads=t.num_attention_heads, kv_heads=t.num_kv_heads,
                            head=t.head_dim, max_tokens=serving.triton_decode_max_tokens,
                            k=r.profile.model.speculative.num_speculative_tokens,
-                           contexts=contexts, segments=[16, 32, 64, 128])
+                           contexts=contexts)
         self.results["attention"] = rows
         # the rows' shapes: the timings read alike for every model with these KV heads
         self.results["attention_model"] = {
             "target": r.profile.model.target, "heads": t.num_attention_heads,
             "kv_heads": t.num_kv_heads, "head_dim": t.head_dim, "kv_cache_dtype": "fp8",
-            "max_tokens": serving.triton_decode_max_tokens, "calls_per_graph": 32,
-            "fa3": "scheduler plan made ahead, at most 32 splits (as in vLLM's full graphs)"}
+            "max_tokens": serving.triton_decode_max_tokens,
+            "calls_per_graph": gpu_bench.ATTENTION_CALLS,
+            "fa3": f"scheduler plan made ahead, at most {gpu_bench.FA3_GRAPH_SPLITS} splits (as "
+                   "in vLLM's full graphs)"}
         for row in rows:
             print(row)
 
@@ -1732,15 +1737,16 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
 
 def attention_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Per step shape of the `attention` step: the cached contexts where the shipped route (vLLM's
-    16 split-KV segments) was quicker than FA3, and its time against FA3's at the longest."""
+    split-KV segment count) was quicker than FA3, and its time against FA3's at the longest."""
     lines = []
+    shipped = f"triton_{gpu_bench.VLLM_SEGMENTS}_us"
     for step in dict.fromkeys(r["step"] for r in rows):
         own = sorted((r for r in rows if r["step"] == step), key=lambda r: r["context"])
-        wins = [r["context"] for r in own if r["triton_16_us"] < r["fa3_us"]]
+        wins = [r["context"] for r in own if r[shipped] < r["fa3_us"]]
         last = own[-1]
         lines.append(f"attention {step}: the route quicker than FA3 at "
                      f"{', '.join(map(str, wins)) if wins else 'no'} cached tokens; at "
-                     f"{last['context']} {last['triton_16_us']} against {last['fa3_us']} us a layer")
+                     f"{last['context']} {last[shipped]} against {last['fa3_us']} us a layer")
     return lines
 
 
