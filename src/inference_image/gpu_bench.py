@@ -127,11 +127,12 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
     an FP8 KV cache in vLLM's layout. Each timing replays a CUDA graph of `layers` calls, each on a
     KV cache of its own (as a served step's layers read theirs: from HBM, not from L2), so neither
     the host's launch time nor a cache left warm by the layer before counts; microseconds a call,
-    median. FA3 gets what vLLM's metadata builder gives it for a step inside a full CUDA graph: a
-    scheduler plan made ahead with at most `fa3_splits` splits (vLLM's
-    flash_attn_max_num_splits_for_cuda_graph)."""
+    the mean of 20 replays (the plugin's tuner's timing; run 39's rows took the median of 20
+    replays timed one by one). FA3 gets what vLLM's metadata builder gives it for a step inside a
+    full CUDA graph: a scheduler plan made ahead with at most `fa3_splits` splits."""
     import torch
     from inference_image_vllm import attention
+    from inference_image_vllm.tune import graph_us
     from vllm.v1.attention.backends import flash_attn
     from vllm.v1.attention.backends.fa_utils import get_scheduler_metadata
 
@@ -155,15 +156,8 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
     table = torch.randperm(seqs * per_seq, device="cuda", dtype=torch.int32).reshape(seqs, per_seq)
 
     def timed(forward: Any, call: tuple[Any, ...], meta: Any, result: Any) -> float:
-        fns = [functools.partial(forward, *call, cache, meta, result) for cache in caches]
-        for fn in fns[:2]:  # Triton compiles outside the capture
-            fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()
-        return round(time_ms(graph.replay, reps=20) * 1e3 / layers, 2)
+        return round(graph_us([functools.partial(forward, *call, cache, meta, result)
+                               for cache in caches]), 2)
 
     out: list[dict[str, Any]] = []
     for name, q_lens in steps.items():
