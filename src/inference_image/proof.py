@@ -57,6 +57,8 @@ StepKind = Literal["info", "bandwidth", "gemm", "attention", "tune", "models", "
 KINDS: tuple[str, ...] = get_args(StepKind)
 # the steps that start one server and drive it with their own clients (Step.client_cpus)
 PINNABLE = ("vanilla", "profile", "trace", "stacks")
+# cached tokens the `attention` step times the route at (up to the profile's max_model_len)
+ATTENTION_CONTEXTS = (256, 512, 1024, 2048, 3072, 4096, 8192, 16384)
 # the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
 RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start")
 # The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();
@@ -1038,19 +1040,17 @@ class Runner:
             raise ProofError(f"attention: times an FP8 KV cache, and the {r.profile.tier} profile "
                              f"has model.kv_cache_dtype: {r.profile.model.kv_cache_dtype}")
         self._plugin(None)
-        top = min(serving.max_model_len, 16384)
-        contexts = sorted({c for c in (256, 512, 1024, 2048, 3072, 4096, 8192, 16384) if c < top}
-                          | {top - r.profile.model.speculative.num_speculative_tokens - 1})
-        rows = self._child("attention_route", heads=t.num_attention_heads, kv_heads=t.num_kv_heads,
-                           head=t.head_dim, max_tokens=serving.triton_decode_max_tokens,
-                           k=r.profile.model.speculative.num_speculative_tokens,
-                           contexts=contexts)
-        self.results["attention"] = rows
+        k = r.profile.model.speculative.num_speculative_tokens
+        # the longest context a verify step can have, capped where the caches' memory stays small
+        top = min(serving.max_model_len, ATTENTION_CONTEXTS[-1])
+        contexts = sorted({c for c in ATTENTION_CONTEXTS if c < top} | {top - k - 1})
         # the rows' shapes: the timings read alike for every model with these KV heads
+        shape = {"heads": t.num_attention_heads, "kv_heads": t.num_kv_heads, "head": t.head_dim,
+                 "max_tokens": serving.triton_decode_max_tokens, "k": k}
+        rows = self._child("attention_route", **shape, contexts=contexts)
+        self.results["attention"] = rows
         self.results["attention_model"] = {
-            "target": r.profile.model.target, "heads": t.num_attention_heads,
-            "kv_heads": t.num_kv_heads, "head_dim": t.head_dim, "kv_cache_dtype": "fp8",
-            "max_tokens": serving.triton_decode_max_tokens,
+            "target": r.profile.model.target, **shape, "kv_cache_dtype": "fp8",
             "calls_per_graph": gpu_bench.ATTENTION_CALLS,
             "fa3": f"scheduler plan made ahead, at most {gpu_bench.FA3_GRAPH_SPLITS} splits (as "
                    "in vLLM's full graphs)"}
