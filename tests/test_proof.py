@@ -498,7 +498,7 @@ def test_attention_times_the_routes_steps_up_to_the_profiles_context(
     a script that echoes what it was given (no GPU here)."""
     monkeypatch.setenv("OUT", str(tmp_path / "OUT"))
     fake = tmp_path / "python"
-    fake.write_text("#!/usr/bin/env python3\n"
+    fake.write_text(f"#!{sys.executable}\n"
                     "import json, sys\n"
                     "assert sys.argv[1] == '-c' and 'gpu_bench.attention_route' in sys.argv[2]\n"
                     "kw = json.loads(sys.argv[3])\n"
@@ -514,7 +514,15 @@ def test_attention_times_the_routes_steps_up_to_the_profiles_context(
                      python=str(fake)).run()
         return json.loads((here / "pout" / "proof.json").read_text())
 
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: the GPU is said unknown
+    assert run("h100")["attention_model"]["gpu"] == "not recorded (no nvidia-smi)"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 580.159.04, 143771 MiB'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:/usr/bin:/bin")
     doc = run("h100")
+    assert doc["attention_model"]["gpu"] == "NVIDIA H200"
     rows = doc["attention"]
     assert [r["context"] for r in rows] == [256, 512, 1024, 2048, 3072, 4096, 8188]
     assert rows[0]["kw"] == {"heads": 32, "kv_heads": 8, "head": 128, "max_tokens": 8, "k": 3,
@@ -548,6 +556,10 @@ def test_the_summary_says_where_the_route_pays() -> None:
         "13.0 us a layer"]
     r = resolve("h100")
     assert "attention verify-1x4" in proof.assemble({"attention": rows}, r)
+    # a machine that ran the step alone names the GPU from the step's own record
+    assert proof.assemble({"attention": rows}, r).startswith("GPU not recorded")
+    alone = proof.assemble({"attention": rows, "attention_model": {"gpu": "NVIDIA H200"}}, r)
+    assert alone.startswith("NVIDIA H200  vLLM not recorded")
 
 
 def test_attention_steps_are_the_shapes_the_route_takes() -> None:

@@ -985,16 +985,14 @@ class Runner:
         if shutil.which("nvidia-smi") is None:
             raise ProofError("no nvidia-smi here: the proof's steps run on the GPU machine, with "
                              "its driver (docs/benchmarks.md gives each run's commands)")
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             check=False).stdout.strip().splitlines()
+        smi = _smi_gpus()
         code = ("import json, torch, vllm; "
                 "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))")
         probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
                                check=False)
         info = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else {}
         if smi:
-            name, drv, mem = (s.strip() for s in smi[0].split(","))
+            name, drv, mem = smi[0]
             info.update(gpu=name, driver=drv, memory=mem, gpus=len(smi))
         self.results["info"] = info
         print(info)
@@ -1049,7 +1047,11 @@ class Runner:
                  "max_tokens": serving.triton_decode_max_tokens, "k": k}
         rows = self._child("attention_route", **shape, contexts=contexts)
         self.results["attention"] = rows
+        gpus = _smi_gpus()
+        # microseconds mean nothing without the GPU they ran on, and this step is often run
+        # alone, with an --out of its own and no info step (run 40's record said "not recorded")
         self.results["attention_model"] = {
+            "gpu": gpus[0][0] if gpus else "not recorded (no nvidia-smi)",
             "target": r.profile.model.target, **shape, "kv_cache_dtype": "fp8",
             "calls_per_graph": gpu_bench.ATTENTION_CALLS,
             "fa3": f"scheduler plan made ahead, at most {gpu_bench.FA3_GRAPH_SPLITS} splits (as "
@@ -1672,7 +1674,8 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
     info = res.get("info") or {}
     # a machine a run gave no info or bandwidth step to (run 30's third) says so, not "None"
-    lines = [f"{info.get('gpu', 'GPU not recorded (no info step)')}  vLLM "
+    gpu = info.get("gpu") or (res.get("attention_model") or {}).get("gpu")
+    lines = [f"{gpu or 'GPU not recorded (no info step)'}  vLLM "
              f"{info.get('vllm', 'not recorded')}  read BW "
              f"{f'{bw} TB/s' if bw else 'not measured (no bandwidth step)'}",
              f"{'config':<18}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'p99':>8}{'TPOT':>7}"
@@ -1733,6 +1736,17 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     for cfg, why in res.get("failed", {}).items():
         lines.append(f"FAILED {cfg}: {why.splitlines()[0][:150]}")
     return "\n".join(lines)
+
+
+def _smi_gpus() -> list[tuple[str, str, str]]:
+    """(name, driver, memory) of each GPU nvidia-smi lists; none where it is missing."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True,
+                         check=False).stdout.strip().splitlines()
+    return [(a.strip(), b.strip(), c.strip()) for a, b, c in
+            (line.split(",") for line in out if line.count(",") == 2)]
 
 
 def attention_lines(rows: list[dict[str, Any]]) -> list[str]:
