@@ -121,7 +121,7 @@ def attention_steps(k: int, max_tokens: int) -> dict[str, list[int]]:
 def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: int,
                     contexts: list[int], segments: tuple[int, ...] = ATTENTION_SEGMENTS,
                     layers: int = ATTENTION_CALLS,
-                    fa3_splits: int = FA3_GRAPH_SPLITS) -> list[dict[str, Any]]:
+                    fa3_splits: int = FA3_GRAPH_SPLITS) -> dict[str, Any]:
     """One layer's attention, FA3 (vLLM's FlashAttentionImpl as shipped) against the plugin's Triton
     split-KV route (verify on) at each split count, for each step shape at each cached context, on
     an FP8 KV cache in vLLM's layout. Each timing replays a CUDA graph of `layers` calls, each on a
@@ -129,7 +129,8 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
     the host's launch time nor a cache left warm by the layer before counts; microseconds a call,
     the mean of 20 replays (the plugin's tuner's timing; run 39's rows took the median of 20
     replays timed one by one). FA3 gets what vLLM's metadata builder gives it for a step inside a
-    full CUDA graph: a scheduler plan made ahead with at most `fa3_splits` splits."""
+    full CUDA graph: a scheduler plan made ahead with at most `fa3_splits` splits. Returns the
+    rows and the GPU that timed them (as `bandwidth` does)."""
     import torch
     from inference_image_vllm import attention
     from inference_image_vllm.tune import graph_us
@@ -192,4 +193,4 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
             attention._segments = None
             out.append(row)
             print(row, flush=True)
-    return out
+    return {"gpu": torch.cuda.get_device_name(0), "rows": out}

@@ -985,14 +985,16 @@ class Runner:
         if shutil.which("nvidia-smi") is None:
             raise ProofError("no nvidia-smi here: the proof's steps run on the GPU machine, with "
                              "its driver (docs/benchmarks.md gives each run's commands)")
-        smi = _smi_gpus()
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             check=False).stdout.strip().splitlines()
         code = ("import json, torch, vllm; "
                 "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))")
         probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
                                check=False)
         info = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else {}
         if smi:
-            name, drv, mem = smi[0]
+            name, drv, mem = (s.strip() for s in smi[0].split(","))
             info.update(gpu=name, driver=drv, memory=mem, gpus=len(smi))
         self.results["info"] = info
         print(info)
@@ -1045,13 +1047,12 @@ class Runner:
         # the rows' shapes: the timings read alike for every model with these KV heads
         shape = {"heads": t.num_attention_heads, "kv_heads": t.num_kv_heads, "head": t.head_dim,
                  "max_tokens": serving.triton_decode_max_tokens, "k": k}
-        rows = self._child("attention_route", **shape, contexts=contexts)
-        self.results["attention"] = rows
-        gpus = _smi_gpus()
+        timed = self._child("attention_route", **shape, contexts=contexts)
+        rows = self.results["attention"] = timed["rows"]
         # microseconds mean nothing without the GPU they ran on, and this step is often run
         # alone, with an --out of its own and no info step (run 40's record said "not recorded")
         self.results["attention_model"] = {
-            "gpu": gpus[0][0] if gpus else "not recorded (no nvidia-smi)",
+            "gpu": timed["gpu"],
             "target": r.profile.model.target, **shape, "kv_cache_dtype": "fp8",
             "calls_per_graph": gpu_bench.ATTENTION_CALLS,
             "fa3": f"scheduler plan made ahead, at most {gpu_bench.FA3_GRAPH_SPLITS} splits (as "
@@ -1736,17 +1737,6 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     for cfg, why in res.get("failed", {}).items():
         lines.append(f"FAILED {cfg}: {why.splitlines()[0][:150]}")
     return "\n".join(lines)
-
-
-def _smi_gpus() -> list[tuple[str, str, str]]:
-    """(name, driver, memory) of each GPU nvidia-smi lists; none where it is missing."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                          "--format=csv,noheader"], capture_output=True, text=True,
-                         check=False).stdout.strip().splitlines()
-    return [(a.strip(), b.strip(), c.strip()) for a, b, c in
-            (line.split(",") for line in out if line.count(",") == 2)]
 
 
 def attention_lines(rows: list[dict[str, Any]]) -> list[str]:
