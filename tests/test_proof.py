@@ -245,6 +245,43 @@ def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -
     assert proof.Plan.from_json(h200.to_json()) == h200
 
 
+def test_vanilla_on_one_instance_share_of_a_multi_gpu_tier(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Two of h100x8's eight H100s hold one of its instances: vanilla on those two is TP=2, and
+    70B bf16 (141 GB) does not fit two 80 GB GPUs below the 0.9 share, so it is FP8 there."""
+    x8 = resolve("h100x8")
+    assert proof.vanilla_step(x8).args == ("--tensor-parallel-size", "8")
+    pair = proof.vanilla_step(x8, 2)
+    assert (pair.name(), pair.args) == (
+        "vanilla-fp8", ("--tensor-parallel-size", "2", "--quantization", "fp8"))
+    assert proof.vanilla_step(resolve("h100"), 1).args == ()
+    with pytest.raises(proof.ProofError, match=r"^gpus: 9 is not a share of the h100x8 tier's 8"):
+        proof.vanilla_step(x8, 9)
+    assert cli.main(["proof", "step", "--tier", "h100x8", "vanilla", "--gpus", "9"]) == 2
+    assert "--gpus: 9 is not a share" in capsys.readouterr().err
+    assert cli.main(["proof", "step", "--tier", "h100x8", "profile", "--gpus", "2"]) == 2
+    assert "only the vanilla step takes a share" in capsys.readouterr().err
+
+
+def test_cost_counts_the_gpus_of_what_is_benched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$/Mtok is the GPUs behind the benched port at the droplet's price per GPU: one of
+    h100x8's instances holds two H100s, its router all eight, the h200's instance one."""
+    seen: list[float] = []
+    monkeypatch.setattr(proof.bench, "run",
+                        lambda **kw: seen.append(kw["hourly_usd"]) or {"runs": []})
+    runner = proof.Runner(plan=proof.Plan(tier="h100x8"), out=tmp_path, work=tmp_path,
+                          model_dir=tmp_path)
+    x8, h200 = resolve("h100x8"), resolve("h200")
+    for r, port in ((x8, x8.instances[1].port), (x8, x8.profile.router.internal_port),
+                    (h200, h200.instances[0].port)):
+        runner._bench_rows("x", port, "m", [1], r)
+    runner._bench_rows("vanilla", 8100, "m", [1], None)
+    price = x8.profile.digitalocean.price_per_gpu_hour
+    assert seen == [pytest.approx(2 * price), pytest.approx(8 * price),
+                    pytest.approx(h200.profile.digitalocean.price_per_gpu_hour), 0.0]
+
+
 def base_model(tmp_path: Path) -> Path:
     """MODEL_DIR as the wheelhouse unpacks it, its config only: the models step copies it into
     the stand-ins a render serves."""

@@ -99,6 +99,19 @@ def test_prompt_lookup_on_the_gpu_renders_without_a_draft(tmp_path):
     assert "DRAFT_PATH" not in (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
 
 
+def test_a_tensor_parallel_instance_shards_its_eagle3_head_like_its_target(tmp_path):
+    """vLLM 0.26 loads an EAGLE-3 head with the target's parallel config (Model Runner V2) and
+    refuses a draft model at another TP (the V1 runner): the render names no draft TP, so what
+    the command line says is what runs (it said 1, which no runner did)."""
+    r = resolve("h100x8", ROOT / "profiles", overrides=[
+        "model.speculative.method=eagle3", "model.speculative.draft=llama-3.3-70b-eagle3"])
+    render(r, tmp_path)
+    args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "${DRAFT_PATH}", "num_speculative_tokens": 3}
+
+
 def test_online_fp8_tier_sets_the_quantization_flag(tmp_path):
     render(resolve("l40s", ROOT / "profiles"), tmp_path)
     args = (tmp_path / "etc/inference-image/units/vllm-0.args").read_text().splitlines()

@@ -38,7 +38,7 @@ from typing import Any, Literal, get_args
 from . import bench, gpu_bench, stacks, trace
 from .bench import acceptance, engine_counters
 from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
-from .memory import decode_bytes_per_token, weight_bytes
+from .memory import decode_bytes_per_token, kv_bytes_per_token, weight_bytes
 from .profiles import (
     ProfileErrors,
     Resolved,
@@ -278,16 +278,9 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
     `served` step), and at each of `lengths` (`short` concurrencies; default: 1.0, where no
     draft token is accepted, and k+1, where every one is); or once where the tier does not speculate.
     A tier whose profile routes small steps to Triton's attention times the route too (`attention`).
-    Vanilla is `vllm serve` on the tier's GPUs: bf16, or `--quantization fp8` (the plain FP8 a
-    user would try first) where bf16 weights do not fit them; tensor parallel over all of them."""
+    Vanilla is `vllm serve` on the tier's GPUs, tensor parallel over all of them (vanilla_step)."""
     r = resolve(tier)
-    gpus = max(1, r.profile.hardware.gpu_count)
-    vargs: tuple[str, ...] = ("--tensor-parallel-size", str(gpus)) if gpus > 1 else ()
-    label = "vanilla"
-    capacity = r.profile.hardware.gpu_memory_gib * gpus * 2**30 * VANILLA_MEMORY_SHARE
-    if weight_bytes(r.target, "none") > capacity:
-        vargs, label = (*vargs, "--quantization", "fp8"), "vanilla-fp8"
-    steps = [Step("info"), Step("bandwidth"), Step("models"), Step("vanilla", label=label, args=vargs)]
+    steps = [Step("info"), Step("bandwidth"), Step("models"), vanilla_step(r)]
     # a tier of several instances is measured as all of them serving at once
     kind: StepKind = "layout" if len(r.instances) > 1 else "profile"
     if r.profile.model.speculative.method == "none":
@@ -315,6 +308,28 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
         steps.append(Step("attention"))
     steps.append(Step("assemble"))
     return Plan(tier=tier, concurrency=concurrency, steps=steps)
+
+
+def vanilla_step(r: Resolved, gpus: int = 0) -> Step:
+    """`vllm serve` on the tier's GPUs, tensor parallel over all of them, or over `gpus` of them:
+    a machine that holds one instance's share of a multi-GPU tier (two of h100x8's eight H100s)
+    measures vanilla on the GPUs that instance serves on. bf16, or `--quantization fp8` (the plain
+    FP8 a user would try first) where vLLM with its defaults would not start in bf16 there: it
+    must hold the weights and the KV cache of one sequence of the model's whole context (its
+    default --max-model-len) below its memory share. 70B bf16 on two H100s holds the weights
+    (131 of 143 GiB) but not that sequence's 40 GiB of cache."""
+    whole = max(1, r.profile.hardware.gpu_count)
+    if not 0 <= gpus <= whole:
+        raise ProofError(f"gpus: {gpus} is not a share of the {r.profile.tier} tier's {whole} "
+                         f"GPU(s). Fix: give 1 to {whole}, or leave it out (all of them)")
+    n = gpus or whole
+    vargs: tuple[str, ...] = ("--tensor-parallel-size", str(n)) if n > 1 else ()
+    label = "vanilla"
+    capacity = r.profile.hardware.gpu_memory_gib * n * 2**30 * VANILLA_MEMORY_SHARE
+    one_sequence = r.target.max_position_embeddings * kv_bytes_per_token(r.target, "auto", 1)
+    if weight_bytes(r.target, "none") + one_sequence > capacity:
+        vargs, label = (*vargs, "--quantization", "fp8"), "vanilla-fp8"
+    return Step("vanilla", label=label, args=vargs)
 
 
 def layout_candidates(tier: str) -> list[tuple[int, int]]:
@@ -1110,13 +1125,20 @@ class Runner:
                     scenarios: tuple[str, ...] = (), **extra: Any) -> list[dict[str, Any]]:
         """bench's rows for the server on `port` (chat unless `scenarios` names others), run the
         way every proof step runs them."""
+        gpus_benched = 0
+        if r is not None:
+            insts = r.instances if port == r.profile.router.internal_port else [
+                i for i in r.instances if i.port == port] or r.instances[:1]
+            gpus_benched = sum(max(1, len(i.gpu_ids)) for i in insts)
         return bench.run(url=f"http://127.0.0.1:{port}", model=model, tokenizer=str(self.model_dir),
                          scenarios=list(scenarios or ("chat",)), concurrency=conc, config=label,
                          vllm_cmd=[self.python, "-m", "vllm.entrypoints.cli.main"],
                          vllm_python=self.python, min_prompts=self.plan.min_prompts,
                          per=self.plan.prompts_per_concurrency,
                          log=self.work / "logs" / f"{label}.bench.log",
-                         hourly_usd=(r.profile.digitalocean.price_per_gpu_hour if r else 0.0),
+                         # one instance's GPUs (the served step's router rows: all of them)
+                         hourly_usd=(r.profile.digitalocean.price_per_gpu_hour * gpus_benched
+                                     if r else 0.0),
                          **extra)["runs"]
 
     def _start(self, label: str, argv: list[str], env: dict[str, str], port: int) -> Server:
@@ -1182,8 +1204,8 @@ class Runner:
 
     def step_vanilla(self, step: Step) -> None:
         """`vllm serve` with its defaults on the tier's target model in bf16, plus the step's
-        `args` where vanilla needs them (a tensor-parallel size; `--quantization fp8` where bf16
-        does not fit the GPUs)."""
+        `args` where vanilla needs them (vanilla_step: a tensor-parallel size; `--quantization
+        fp8` where vLLM would not start in bf16 on those GPUs)."""
         r = self.resolved()
         port, name = r.instances[0].port, r.profile.model.target
         # one cache per command, not per label: a second start of the same vanilla (run 13's c=64
@@ -1429,6 +1451,13 @@ class Runner:
 
     def step_profile(self, step: Step) -> None:
         r, runner, env, port, cache = self._instance(step)
+        if len(r.instances) > 1:
+            # one instance of several (h100x8's first pair of GPUs): its rows are that
+            # instance's, and the record says so beside the command
+            first = r.instances[0]
+            self.results["commands"][step.name()]["instances_served"] = (
+                f"{first.name} of {len(r.instances)} (GPUs "
+                f"{','.join(str(g) for g in first.gpu_ids)}); the others not started")
         self._serve(step.name(), runner, env, port, r.profile.model.target, step, r, cache)
 
     def step_trace(self, step: Step) -> None:
@@ -1875,9 +1904,18 @@ def cmd_step(args: argparse.Namespace) -> int:
     if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
+    if args.gpus and step.kind != "vanilla":
+        print("error: --gpus: only the vanilla step takes a share of the tier's GPUs (a profile "
+              "step serves the render's first instance on its own GPUs); drop it",
+              file=sys.stderr)
+        return 2
     if step.kind == "vanilla":
-        # the plan's rule: bf16, or --quantization fp8 where bf16 does not fit; TP over the GPUs
-        std = next(s for s in standard_plan(args.tier, [], (1,), (1,)).steps if s.kind == "vanilla")
+        # the plan's rule (vanilla_step), on --gpus of the tier's GPUs where given
+        try:
+            std = vanilla_step(resolve(args.tier), args.gpus or 0)
+        except ProofError as exc:
+            print(f"error: --{exc}", file=sys.stderr)
+            return 2
         step = replace(step, args=std.args, label=step.label or std.label)
     plan = Plan(tier=args.tier, concurrency=tuple(args.concurrency), steps=[step],
                 min_prompts=args.min_prompts, prompts_per_concurrency=args.prompts_per_concurrency)
@@ -2019,6 +2057,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-position acceptance: the draft's published figures (catalog) or "
                    "shares, one per draft token")
     p.add_argument("--step-concurrency", type=bench._ints)
+    p.add_argument("--gpus", type=int, metavar="N",
+                   help="vanilla: tensor parallel over N of the tier's GPUs, not all of them (a "
+                   "machine holding one instance's share of a multi-GPU tier)")
     p.add_argument("--first-token-prompt", type=int, default=0, metavar="N",
                    help="the first token of N-token prompts: timed idle and right after an "
                    "answer (vanilla, profile), or traced instead of decode (trace; with "

@@ -168,9 +168,10 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
         cfg: dict[str, Any] = {"method": spec.method,
                                "num_speculative_tokens": spec.num_speculative_tokens}
         if spec.uses_draft:
+            # No draft_tensor_parallel_size: vLLM 0.26 shards a draft like its target (Model
+            # Runner V2 loads an EAGLE-3 head with the target's parallel config whatever it says,
+            # and the V1 runner refuses a draft model at another TP), which is its default.
             cfg["model"] = "${DRAFT_PATH}"
-            if s.tensor_parallel_size > 1:
-                cfg["draft_tensor_parallel_size"] = 1
         else:
             cfg["prompt_lookup_max"] = spec.prompt_lookup_max
         argv += ["--speculative-config", json.dumps(cfg, sort_keys=True, separators=(",", ":"))]
