@@ -245,20 +245,25 @@ def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -
     assert proof.Plan.from_json(h200.to_json()) == h200
 
 
-def test_vanilla_on_one_instance_share_of_a_multi_gpu_tier(
+def test_vanilla_on_a_share_of_a_multi_gpu_tier_or_on_more_gpus_than_the_tier(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Two of h100x8's eight H100s hold one of its instances: vanilla on those two is TP=2, and
-    70B bf16 (141 GB) does not fit two 80 GB GPUs below the 0.9 share, so it is FP8 there."""
+    70B bf16 (141 GB) with one whole-context sequence does not fit two 80 GB GPUs below the 0.9
+    share, so it is FP8 there."""
     x8 = resolve("h100x8")
     assert proof.vanilla_step(x8).args == ("--tensor-parallel-size", "8")
     pair = proof.vanilla_step(x8, 2)
     assert (pair.name(), pair.args) == (
         "vanilla-fp8", ("--tensor-parallel-size", "2", "--quantization", "fp8"))
     assert proof.vanilla_step(resolve("h100"), 1).args == ()
-    with pytest.raises(proof.ProofError, match=r"^gpus: 9 is not a share of the h100x8 tier's 8"):
+    # more GPUs than the tier has: 70B bf16 at TP=2 on two H200s (the plain layout it needs)
+    # holds the weights and a whole-context sequence, so vanilla is bf16 there
+    two = proof.vanilla_step(resolve("h200"), 2)
+    assert (two.name(), two.args) == ("vanilla", ("--tensor-parallel-size", "2"))
+    with pytest.raises(proof.ProofError, match=r"^gpus: 9 GPUs are not one machine's"):
         proof.vanilla_step(x8, 9)
     assert cli.main(["proof", "step", "--tier", "h100x8", "vanilla", "--gpus", "9"]) == 2
-    assert "--gpus: 9 is not a share" in capsys.readouterr().err
+    assert "--gpus: 9 GPUs are not one machine's (1 to 8)" in capsys.readouterr().err
     assert cli.main(["proof", "step", "--tier", "h100x8", "profile", "--gpus", "2"]) == 2
     assert "only the vanilla step takes a share" in capsys.readouterr().err
 

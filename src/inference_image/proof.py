@@ -97,6 +97,7 @@ STANDIN = Path(__file__).resolve().parent / "standin"
 HOST_ONLY = ("serving.early_first_token=false", "serving.api_servers=1",
              "serving.stream_interval=1")
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
+MAX_HOST_GPUS = 8  # the most GPUs of one machine that DigitalOcean or the proof's lender offers
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
 
@@ -311,17 +312,20 @@ def standard_plan(tier: str, lengths: list[float] | None, concurrency: tuple[int
 
 
 def vanilla_step(r: Resolved, gpus: int = 0) -> Step:
-    """`vllm serve` on the tier's GPUs, tensor parallel over all of them, or over `gpus` of them:
-    a machine that holds one instance's share of a multi-GPU tier (two of h100x8's eight H100s)
-    measures vanilla on the GPUs that instance serves on. bf16, or `--quantization fp8` (the plain
-    FP8 a user would try first) where vLLM with its defaults would not start in bf16 there: it
-    must hold the weights and the KV cache of one sequence of the model's whole context (its
-    default --max-model-len) below its memory share. 70B bf16 on two H100s holds the weights
-    (131 of 143 GiB) but not that sequence's 40 GiB of cache."""
+    """`vllm serve` on the tier's GPUs, tensor parallel over all of them, or over `gpus` GPUs of
+    its kind: a machine holding one instance's share of a multi-GPU tier (two of h100x8's eight
+    H100s) measures vanilla on the GPUs that instance serves on, and a tier can be set against
+    vanilla on more GPUs than it has (the h200's one H200 against 70B bf16 on two, the plain
+    layout that model needs). bf16, or `--quantization fp8` (the plain FP8 a user would try first)
+    where vLLM with its defaults would not start in bf16 there: it must hold the weights and the
+    KV cache of one sequence of the model's whole context (its default --max-model-len) below
+    its memory share. 70B bf16 on two H100s holds the weights (131 of 143 GiB) but not that
+    sequence's 40 GiB of cache."""
     whole = max(1, r.profile.hardware.gpu_count)
-    if not 0 <= gpus <= whole:
-        raise ProofError(f"gpus: {gpus} is not a share of the {r.profile.tier} tier's {whole} "
-                         f"GPU(s). Fix: give 1 to {whole}, or leave it out (all of them)")
+    if not 0 <= gpus <= MAX_HOST_GPUS:
+        raise ProofError(f"gpus: {gpus} GPUs are not one machine's (1 to {MAX_HOST_GPUS}). Fix: "
+                         f"give 1 to {MAX_HOST_GPUS}, or leave it out (the {r.profile.tier} "
+                         f"tier's {whole})")
     n = gpus or whole
     vargs: tuple[str, ...] = ("--tensor-parallel-size", str(n)) if n > 1 else ()
     label = "vanilla"
@@ -2058,8 +2062,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "shares, one per draft token")
     p.add_argument("--step-concurrency", type=bench._ints)
     p.add_argument("--gpus", type=int, metavar="N",
-                   help="vanilla: tensor parallel over N of the tier's GPUs, not all of them (a "
-                   "machine holding one instance's share of a multi-GPU tier)")
+                   help="vanilla: tensor parallel over N GPUs of the tier's kind, not the tier's "
+                   "count (one instance's share of a multi-GPU tier; or more than the tier has, "
+                   "as a plain layout needs: 70B bf16 on two H200s)")
     p.add_argument("--first-token-prompt", type=int, default=0, metavar="N",
                    help="the first token of N-token prompts: timed idle and right after an "
                    "answer (vanilla, profile), or traced instead of decode (trace; with "
