@@ -98,7 +98,7 @@ HOST_ONLY = ("serving.early_first_token=false", "serving.api_servers=1",
              "serving.stream_interval=1")
 NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 MAX_HOST_GPUS = 8  # the most GPUs of one machine that DigitalOcean or the proof's lender offers
-VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: weights must fit below it
+VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: what bf16 must fit below (vanilla_step)
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
 
 # Weightless stand-ins made from the one target folder (config + tokenizer) by the models step:
