@@ -38,6 +38,13 @@ def _ok(root: Any, cmd: str) -> str:
 @pytest.fixture(scope="module")
 def pebble(root: Any, profile: dict[str, Any]) -> Iterator[dict[str, str]]:
     paths = profile["paths"]
+    # The timer runs the service a minute (plus up to 5 random) after boot, and the faults suite
+    # reboots just before this one: a run it starts would read another test's conf, and a test's
+    # `systemctl start` that joins it gets that run's result. The tests own the unit meanwhile.
+    timer_on = root.run("systemctl is-active -q inference-acme.timer").rc == 0
+    root.run("systemctl stop inference-acme.timer")
+    assert wait_for(lambda: root.run("systemctl is-active -q inference-acme.service").rc != 0,
+                    120, 0.5), "inference-acme.service still runs 2 min after its timer stopped"
     installed = root.run("command -v pebble").rc != 0
     # a sealed image has no package lists: fetched for pebble, removed again afterwards
     had_lists = root.run("ls /var/lib/apt/lists/ | grep -q _Packages").rc == 0
@@ -79,6 +86,8 @@ def pebble(root: Any, profile: dict[str, Any]) -> Iterator[dict[str, str]]:
                  f"{paths['tls_key']} {WORK}")
         root.run("sed -i '/# inference-acme test$/d' /etc/hosts")
         root.run(f"{paths['firstboot']} && systemctl reload nginx")
+        if timer_on:
+            root.run("systemctl start inference-acme.timer")
         if installed:
             root.run("DEBIAN_FRONTEND=noninteractive apt-get purge -y -q pebble >/dev/null; "
                      "rm -f /var/cache/apt/archives/pebble_*.deb")
