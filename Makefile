@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit molecule soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate e2e clean
 
 help: ## this list
@@ -59,6 +59,13 @@ molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12
 	mkdir -p build/molecule && rm -f build/molecule/*.xml
 	($(MOLECULE_CPU) test) || { echo "make molecule: failed; the tests that failed:" >&2; \
 	  $(BIN)/python scripts/junit-failures build/molecule/*.xml >&2; exit 1; }
+
+faults: molecule-inputs ## the faults suite on the cpu tier's first boot in the molecule container (about 30 min; not in CI)
+	mkdir -p build/molecule && rm -f build/molecule/*.xml
+	$(MOLECULE_CPU) converge
+	rc=0; ($(MOLECULE_CPU) side-effect) && $(BIN)/inference-image verify --host podman://inference-image-cpu \
+	  --profile cpu --suite faults --junit build/molecule/faults.xml || { rc=$$?; \
+	  $(BIN)/python scripts/junit-failures build/molecule/*.xml >&2; }; $(MOLECULE_CPU) destroy; exit $$rc
 
 MINUTES ?= 10
 soak: molecule-inputs ## MINUTES (10) of load at the cpu tier's target concurrency in the molecule container; not in CI

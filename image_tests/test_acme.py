@@ -38,9 +38,10 @@ def _ok(root: Any, cmd: str) -> str:
 @pytest.fixture(scope="module")
 def pebble(root: Any, profile: dict[str, Any]) -> Iterator[dict[str, str]]:
     paths = profile["paths"]
-    # The timer runs the service a minute (plus up to 5 random) after boot, and the faults suite
-    # reboots just before this one: a run it starts would read another test's conf, and a test's
-    # `systemctl start` that joins it gets that run's result. The tests own the unit meanwhile.
+    # The timer runs the service a minute (plus up to 5 random) after boot, and this suite runs
+    # just after one (molecule's first boot; CI's failure came after the faults suite's reboot): a
+    # run it starts would read another test's conf, and a test's `systemctl start` that joins it
+    # gets that run's result. The tests own the unit meanwhile.
     timer_on = root.run("systemctl is-active -q inference-acme.timer").rc == 0
     root.run("systemctl stop inference-acme.timer")
     assert wait_for(lambda: root.run("systemctl is-active -q inference-acme.service").rc != 0,

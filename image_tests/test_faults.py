@@ -7,7 +7,7 @@ side (`podman restart`, as the molecule scenario's first boot does); any other h
 itself (`systemctl reboot`).
 
 It disrupts a serving machine, so `inference-image verify` runs it only when asked
-(`--suite faults`); the molecule scenario of `make test` runs it on the cpu tier."""
+(`--suite faults`); `make faults` runs it on the cpu tier's first boot in the molecule container."""
 
 from __future__ import annotations
 
