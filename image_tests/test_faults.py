@@ -64,6 +64,8 @@ set -u
 dir=$(mktemp -d /var/tmp/inference-image-faults.XXXXXX)
 key=$(cat {shlex.quote(api_key.path)})
 end=$((SECONDS + {load_s}))
+models_ok() {{ [ "$(curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 1 \\
+  -H "Authorization: Bearer $key" {public.url('/v1/models')})" = 200 ]; }}
 for w in $(seq {WORKERS}); do
   ( while [ $SECONDS -lt $end ]; do
       code=$(curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 60 -H "Authorization: Bearer $key" \\
@@ -79,13 +81,11 @@ t0=$(date +%s%N)
 down=1
 {"down=0" if goes_down else ":"}
 while [ $down = 0 ] && [ $(( ($(date +%s%N) - t0) / 1000000000 )) -lt 60 ]; do
-  [ "$(curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 1 -H "Authorization: Bearer $key" \\
-      {public.url('/v1/models')})" = 200 ] || down=1
+  models_ok || down=1
   [ $down = 1 ] || sleep 0.05
 done
 if [ $down = 1 ]; then
-  until [ "$(curl -s {public.curl} -o /dev/null -w '%{{http_code}}' -m 1 -H "Authorization: Bearer $key" \\
-        {public.url('/v1/models')})" = 200 ]; do sleep 0.1; done
+  until models_ok; do sleep 0.1; done
   t1=$(date +%s%N)
 fi
 wait
