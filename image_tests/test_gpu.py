@@ -135,3 +135,8 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
     if serving.get("cudagraph_mode") == "full_and_decode":
         assert lines.LOG_DECODE_GRAPHS in log, \
             "serving.cudagraph_mode is full_and_decode but the plugin did not install its graphs"
+    # the render decides this part from the draft's heads, so the suite reads the unit's switch
+    env = root.run(f"cat {profile['paths']['units']}/{name}.env").stdout
+    if "INFERENCE_IMAGE_DRAFT_SCHEDULE=1" in env.splitlines():
+        assert lines.LOG_DRAFT_SCHEDULE in log, \
+            "the draft's heads differ from the target's but the plugin did not install its schedule"

