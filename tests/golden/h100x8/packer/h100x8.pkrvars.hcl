@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 1695232d55389fda4d19103a1e8465766a9d6fd0195c3fb5ae449ae93357c983): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 c588bea7f77a681c093a170583a9301635122de548e6c1dccef29ddcf2480b76): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "1695232d55389fda4d19103a1e8465766a9d6fd0195c3fb5ae449ae93357c983"
+profile_sha256 = "c588bea7f77a681c093a170583a9301635122de548e6c1dccef29ddcf2480b76"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
