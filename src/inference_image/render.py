@@ -226,7 +226,7 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
         if p.serving.flash_attention_3 and draft_attends_otherwise(r):
             # vLLM 0.26 hands a draft the FA3 schedule of its target's heads: the 70B's EAGLE-3
-            # head stopped the engine at a 528-token prompt at TP=2 (run 43; the plugin's
+            # head stopped the engine at its first chat prompt at TP=2 (run 43; the plugin's
             # schedule.py)
             env["INFERENCE_IMAGE_DRAFT_SCHEDULE"] = "1"
     else:

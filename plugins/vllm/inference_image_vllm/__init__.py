@@ -15,9 +15,10 @@ unless the rendered unit environment turns a part on:
 - INFERENCE_IMAGE_DECODE_GRAPHS=1 (`serving.cudagraph_mode: full_and_decode`): with vLLM's FULL
   graphs, a uniform decode step replays a graph captured for its own shape, not a mixed batch's
   (decode_graphs.py);
-- INFERENCE_IMAGE_DRAFT_SCHEDULE=1 (rendered wherever an instance speculates with a draft model or
-  EAGLE-3 head under FlashAttention 3): a draft layer whose heads differ from the target's runs
-  without the FA3 schedule vLLM computed for the target's (schedule.py).
+- INFERENCE_IMAGE_DRAFT_SCHEDULE=1 (rendered under FlashAttention 3 where the instance's draft
+  model or EAGLE-3 head has other attention heads or another head size than its target): a layer
+  of other heads than the target's runs without the FA3 schedule vLLM computed for the target's
+  (schedule.py).
 """
 
 import logging
