@@ -914,6 +914,14 @@ class Runner:
     def resolved(self, sets: tuple[str, ...] = ()) -> Resolved:
         return resolve(self.plan.tier, overrides=list(sets))
 
+    def step_resolved(self, step: Step) -> Resolved:
+        """The tier with the step's --set overrides; a bad override is the step's one-line
+        failure (ProofError), not the proof's."""
+        try:
+            return self.resolved(step.sets)
+        except ProfileErrors as exc:
+            raise ProofError(str(exc)) from None
+
     def model_for(self, r: Resolved, checkpoint: bool | None = None,
                   scales: str = "") -> Path:
         """The stand-in folder of the profile's target: its FP8 checkpoint where the profile
@@ -1047,10 +1055,7 @@ class Runner:
         c=1 and 2, the draft's one-token passes), FA3 against the route at 16 (vLLM's count), 32,
         64 and 128 split-KV segments, from 256 cached tokens to the profile's context limit: where the
         route pays, as the context a tier serves grows."""
-        try:
-            r = self.resolved(step.sets)
-        except ProfileErrors as exc:
-            raise ProofError(str(exc)) from None
+        r = self.step_resolved(step)
         serving, t = r.profile.serving, r.target
         if not serving.triton_decode_max_tokens:
             raise ProofError(f"attention: the {r.profile.tier} profile sends no step to Triton "
@@ -1267,10 +1272,7 @@ class Runner:
         what systemd runs) and the environment they share; the step's acceptance and
         `extra_args` are the only changes."""
         label = step.name()
-        try:
-            r = self.resolved(step.sets)
-        except ProfileErrors as exc:
-            raise ProofError(str(exc)) from None
+        r = self.step_resolved(step)
         table = self._fp8_table(step, r)
         rdir = self.work / "render" / label
         render(r, rdir)
@@ -1373,10 +1375,7 @@ class Runner:
         behind its router, with the clients standing in for the router's round robin (`served`
         benches through the render's own router)."""
         label = step.name()
-        try:
-            n = len(self.resolved(step.sets).instances)
-        except ProfileErrors as exc:
-            raise ProofError(str(exc)) from None
+        n = len(self.step_resolved(step).instances)
         # each scenario's concurrencies (its own, or the step's) that split evenly over the
         # instances, checked before anything is rendered, installed or started
         per_scenario: list[tuple[str, list[int]]] = []
