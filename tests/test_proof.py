@@ -1466,3 +1466,57 @@ def test_one_out_folder_holds_one_tiers_steps(
     assert err == (f"error: --out {out} holds tier h200's steps, not h100's. "
                    "Fix: give this tier its own --out\n")
     assert ran == ["h200"] and json.loads((out / "proof.json").read_text())["tier"] == "h200"
+
+
+def _spec_row(c: int, tok: float, al: float | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"concurrency": c, "output_tok_s": tok, "ttft_ms_mean": 50.0,
+                           "ttft_ms_p99": 60.0, "tpot_ms_mean": 1000 / tok}
+    if al is not None:
+        row["acceptance_length"] = al
+    return row
+
+
+def _spec_res(renders: dict[str, str]) -> dict[str, Any]:
+    """Run 44's h200 rows on one H200: vanilla FP8, the render at its published 1.83 and at 4.0."""
+    return {
+        "runs": {"vanilla-fp8": [_spec_row(1, 47.904), _spec_row(16, 664.253)],
+                 "vanilla-fp8-top": [_spec_row(64, 1805.436)],
+                 "as-imaged-L1.83": [_spec_row(1, 85.094, 1.837), _spec_row(16, 1102.575, 1.838),
+                                     _spec_row(64, 2495.565, 1.829)],
+                 "as-imaged-L4.0": [_spec_row(1, 182.257, 4.0), _spec_row(16, 2111.173, 4.0),
+                                    _spec_row(64, 4166.807, 4.0)]},
+        "commands": {cfg: {"profile_sha256": digest, "plugin_sha256": "ab19be30f32cafc1"}
+                     for cfg, digest in renders.items()}}
+
+
+def test_the_summary_says_what_acceptance_each_bar_of_issue_16_needs() -> None:
+    same = {"as-imaged-L1.83": "038665bd6254" + "0" * 52, "as-imaged-L4.0": "038665bd6254" + "0" * 52}
+    res = _spec_res(same)
+    table = proof.assemble(res, resolve("h200"))
+    got = {(n["concurrency"], n["bar"]): n for n in res["acceptance_needed"]}
+    # 2.0x vanilla at c=1 is 95.8 tok/s: between 85.1 at 1.837 and 182.3 at 4.0
+    assert got[(1, 2.0)]["status"] == "interpolated" and got[(1, 2.0)]["needed_length"] == 2.08
+    assert got[(1, 3.0)]["needed_length"] == 3.14
+    assert got[(64, 1.5)]["needed_length"] == 2.11
+    assert got[(16, 1.5)]["status"] == "met"  # 1.66x at 1.838 already
+    assert got[(1, 2.0)]["measured"] == [[1.837, 1.78], [4.0, 3.8]]
+    assert ("acceptance for 2.0x vanilla, chat c=1 (render 038665bd6254): about 2.08 a step "
+            "(1.837 -> 1.78x, 4.0 -> 3.80x)") in table.splitlines()
+
+
+def test_the_acceptance_a_bar_needs_compares_one_render_with_itself() -> None:
+    """Two renders at one length each say nothing: another render's step costs otherwise."""
+    res = _spec_res({"as-imaged-L1.83": "a" * 64, "as-imaged-L4.0": "b" * 64})
+    table = proof.assemble(res, resolve("h200"))
+    assert "acceptance_needed" not in res and "acceptance for" not in table
+
+
+def test_a_bar_past_the_longest_length_measured_is_beyond_it() -> None:
+    res = _spec_res({"as-imaged-L1.83": "c" * 64, "as-imaged-L4.0": "c" * 64})
+    res["runs"]["vanilla-fp8"][0]["output_tok_s"] = 60.0  # 3.0x would be 180 of 182.3: reached
+    res["runs"]["vanilla-fp8-top"][0]["output_tok_s"] = 3000.0  # 1.5x = 4500 > 4166.8 at 4.0
+    got = {(n["concurrency"], n["bar"]): n for n in proof.acceptance_needed(res)}
+    assert got[(64, 1.5)]["status"] == "beyond" and got[(64, 1.5)]["needed_length"] is None
+    assert got[(1, 3.0)]["status"] == "interpolated"
+    del res["runs"]["vanilla-fp8-top"]  # no vanilla row at c=64: no bar there
+    assert (64, 1.5) not in {(n["concurrency"], n["bar"]) for n in proof.acceptance_needed(res)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -100,6 +101,10 @@ NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 MAX_HOST_GPUS = 8  # the most GPUs of one machine that DigitalOcean or the proof's lender offers
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: what bf16 must fit below (vanilla_step)
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
+# Issue 16's bar for a speculating image against vanilla: 2.0x at c=1 and 1.5x at every other
+# concurrency; at c=1 it also asks what stands between the image and 3x.
+SPEC_BAR_C1 = (2.0, 3.0)
+SPEC_BAR = 1.5
 
 # Weightless stand-ins made from the one target folder (config + tokenizer) by the models step:
 # each is that folder with a catalog model's shapes (the catalog is where they are written) and
@@ -1696,16 +1701,80 @@ class Runner:
         print(assemble(self.results, self.resolved()))
 
 
-def assemble(res: dict[str, Any], r: Resolved) -> str:
-    """The summary table (printed last: what the device reply shows), with each config's ratio
-    to vanilla, acceptance, and the c=1 share of the memory roofline."""
-    runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
-    # rows compare with vanilla's of the same scenario and concurrency, from whichever vanilla
-    # step served it (run 22 split vanilla by scenario: -sum, -lf); the first label's row wins
+def vanilla_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Vanilla's row per (scenario, concurrency), from whichever vanilla step served it (run 22
+    split vanilla by scenario: -sum, -lf; run 44 by concurrency); the first label's row wins."""
     van: dict[tuple[str, int], dict[str, Any]] = {}
     for cfg in (c for c in runs if c.startswith("vanilla")):
         for x in runs[cfg]:
             van.setdefault((x.get("scenario", "chat"), x["concurrency"]), x)
+    return van
+
+
+def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """For one render (profile and plugin digests) served at two or more acceptance lengths
+    beside vanilla: the length a step would need to reach each of issue 16's bars, per scenario
+    and concurrency. Linear in tok/s between the measured lengths that bracket the bar: a step
+    costs the same whatever it accepts (run 44, c=1: 21.6 ms at 1.83, 21.9 at 4.0), so tok/s
+    follows the length. A bar above the longest length measured is `beyond` (with 4.0 = k+1
+    measured, no head of that chain reaches it); one the shortest already meets is `met`."""
+    runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
+    van = vanilla_rows(runs)
+    renders: dict[tuple[str, str], list[str]] = {}
+    for cfg, cmd in res.get("commands", {}).items():
+        if isinstance(cmd, dict) and cmd.get("profile_sha256") and cfg in runs:
+            renders.setdefault((cmd["profile_sha256"], cmd.get("plugin_sha256", "")), []).append(cfg)
+    out = []
+    for (digest, _), cfgs in renders.items():
+        points: dict[tuple[str, int], dict[float, float]] = {}
+        for cfg in cfgs:
+            for x in runs[cfg]:
+                if x.get("acceptance_length"):
+                    key = (x.get("scenario", "chat"), x["concurrency"])
+                    points.setdefault(key, {})[float(x["acceptance_length"])] = x["output_tok_s"]
+        for (sc, c), by_len in sorted(points.items()):
+            v = van.get((sc, c))
+            if not v or not v["output_tok_s"] or len(by_len) < 2:
+                continue
+            pts = sorted(by_len.items())
+            for bar in SPEC_BAR_C1 if c == 1 else (SPEC_BAR,):
+                want = bar * v["output_tok_s"]
+                row: dict[str, Any] = {
+                    "render": digest[:12], "scenario": sc, "concurrency": c, "bar": bar,
+                    "vanilla_tok_s": v["output_tok_s"],
+                    "measured": [[al, round(tok / v["output_tok_s"], 2)] for al, tok in pts]}
+                if want <= pts[0][1]:
+                    row.update(status="met", needed_length=None)
+                elif want > pts[-1][1]:
+                    row.update(status="beyond", needed_length=None)
+                else:
+                    (a0, t0), (a1, t1) = next(
+                        (p, q) for p, q in itertools.pairwise(pts) if p[1] < want <= q[1])
+                    row.update(status="interpolated",
+                               needed_length=round(a0 + (want - t0) * (a1 - a0) / (t1 - t0), 2))
+                out.append(row)
+    return out
+
+
+def acceptance_lines(needed: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for n in needed:
+        seen = ", ".join(f"{al} -> {x:.2f}x" for al, x in n["measured"])
+        head = (f"acceptance for {n['bar']:.1f}x vanilla, {n['scenario']} c={n['concurrency']} "
+                f"(render {n['render']}): ")
+        lines.append(head + {
+            "met": "met at every length measured",
+            "beyond": "beyond the longest length measured",
+            "interpolated": f"about {n['needed_length']} a step"}[n["status"]] + f" ({seen})")
+    return lines
+
+
+def assemble(res: dict[str, Any], r: Resolved) -> str:
+    """The summary table (printed last: what the device reply shows), with each config's ratio
+    to vanilla, acceptance, the c=1 share of the memory roofline, and the acceptance each of
+    issue 16's bars needs where one render ran at several lengths."""
+    runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
+    van = vanilla_rows(runs)
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
     info = res.get("info") or {}
@@ -1763,6 +1832,10 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             # a reader of the table must see that its acceptance is one end of what is published
             lines.append(f"acceptance {cfg}: {cmd['acceptance_length']} a step, where the published "
                          f"figure allows {lo}-{hi} for this chain")
+    needed = acceptance_needed(res)
+    if needed:
+        res["acceptance_needed"] = needed
+        lines += acceptance_lines(needed)
     for cfg, x in res.get("after_start", {}).items():
         lines.append(f"after start {cfg}: c={x['concurrency']} {x['output_tok_s']:.1f} tok/s, TTFT "
                      f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
