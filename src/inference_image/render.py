@@ -329,6 +329,11 @@ def models_list(r: Resolved) -> list[dict[str, Any]]:
             "revision": m.revision,
             "path": model_path(name),
             "local_config": m.local_config,
+            # What the render sized the image by (the tensor-parallel split, the draft's attention
+            # schedule, the KV cache): the models role checks the installed config.json against it.
+            "shape": {"num_hidden_layers": m.num_layers, "hidden_size": m.hidden_size,
+                      "num_attention_heads": m.num_attention_heads,
+                      "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim},
         })
     return out
 
