@@ -1511,6 +1511,30 @@ def test_the_acceptance_a_bar_needs_compares_one_render_with_itself() -> None:
     assert "acceptance_needed" not in res and "acceptance for" not in table
 
 
+def test_steps_that_set_one_length_are_one_point_of_the_line() -> None:
+    """Run 45 (the h100x8 instance on two H200s) served its render twice at the published 1.83:
+    1.837 and 1.841 measured are one length, not a line to draw a bar's length from. A third
+    step at 4.0 makes two points, the repeat's rows averaged into the first."""
+    digest = "c588bea7f77a" + "0" * 52
+    van = [_spec_row(1, 76.1), _spec_row(8, 565.2)]
+    res: dict[str, Any] = {
+        "runs": {"vanilla-fp8-tp2": van,
+                 "as-imaged-L1.83": [_spec_row(1, 130.4, 1.837), _spec_row(8, 771.3, 1.832)],
+                 "as-imaged-L1.83-b": [_spec_row(1, 131.3, 1.841), _spec_row(8, 783.6, 1.829)]},
+        "commands": {cfg: {"profile_sha256": digest, "plugin_sha256": "p", "acceptance_length": 1.83}
+                     for cfg in ("as-imaged-L1.83", "as-imaged-L1.83-b")}}
+    assert proof.acceptance_needed(res) == []
+    res["runs"]["as-imaged-L4.0"] = [_spec_row(1, 300.0, 4.0)]
+    res["commands"]["as-imaged-L4.0"] = {"profile_sha256": digest, "plugin_sha256": "p",
+                                         "acceptance_length": 4.0}
+    got = {(n["concurrency"], n["bar"]): n for n in proof.acceptance_needed(res)}
+    assert set(got) == {(1, 2.0), (1, 3.0)}  # c=8 still has one length
+    assert got[(1, 2.0)]["measured"] == [[1.839, 1.72], [4.0, 3.94]]
+    # 152.2 tok/s wanted, between 130.85 (the two steps' mean) and 300.0
+    assert got[(1, 2.0)]["needed_length"] == round(1.839 + (152.2 - 130.85) * (4.0 - 1.839)
+                                                   / (300.0 - 130.85), 2)
+
+
 def test_a_bar_past_the_longest_length_measured_is_beyond_it() -> None:
     res = _spec_res({"as-imaged-L1.83": "c" * 64, "as-imaged-L4.0": "c" * 64})
     res["runs"]["vanilla-fp8"][0]["output_tok_s"] = 60.0  # 3.0x would be 180 of 182.3: reached

@@ -25,6 +25,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -1712,31 +1713,40 @@ def vanilla_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int],
 
 
 def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """For one render (profile and plugin digests) served at two or more acceptance lengths
+    """For one render (profile and plugin digests) served at two or more set acceptance lengths
     beside vanilla: the length a step would need to reach each of issue 16's bars, per scenario
     and concurrency. Linear in tok/s between the measured lengths that bracket the bar: a step
     costs the same whatever it accepts (run 44, c=1: 21.6 ms at 1.83, 21.9 at 4.0), so tok/s
     follows the length. A bar above the longest length measured is `beyond` (with 4.0 = k+1
     measured, no head of that chain reaches it); one the shortest already meets is `met`."""
     runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
+    commands: dict[str, Any] = res.get("commands", {})
     van = vanilla_rows(runs)
     renders: dict[tuple[str, str], list[str]] = {}
-    for cfg, cmd in res.get("commands", {}).items():
+    for cfg, cmd in commands.items():
         if isinstance(cmd, dict) and cmd.get("profile_sha256") and cfg in runs:
             renders.setdefault((cmd["profile_sha256"], cmd.get("plugin_sha256", "")), []).append(cfg)
     out = []
     for (digest, _), cfgs in renders.items():
-        points: dict[tuple[str, int], dict[float, float]] = {}
+        # keyed by the acceptance each step set, not the one it measured: two steps at the same
+        # set length (run 45's row and its repeat, 1.837 and 1.841 measured) are one length twice,
+        # and a line between them would be noise
+        points: dict[tuple[str, int], dict[Any, list[tuple[float, float]]]] = {}
         for cfg in cfgs:
+            cmd = commands[cfg]
             for x in runs[cfg]:
                 if x.get("acceptance_length"):
+                    al = float(x["acceptance_length"])
+                    set_to = (cmd.get("acceptance_length") or tuple(cmd.get("acceptance_rates") or ())
+                              or round(al, 2))
                     key = (x.get("scenario", "chat"), x["concurrency"])
-                    points.setdefault(key, {})[float(x["acceptance_length"])] = x["output_tok_s"]
-        for (sc, c), by_len in sorted(points.items()):
+                    points.setdefault(key, {}).setdefault(set_to, []).append((al, x["output_tok_s"]))
+        for (sc, c), by_set in sorted(points.items()):
             v = van.get((sc, c))
-            if not v or not v["output_tok_s"] or len(by_len) < 2:
+            if not v or not v["output_tok_s"] or len(by_set) < 2:
                 continue
-            pts = sorted(by_len.items())
+            pts = sorted((round(statistics.fmean(a for a, _ in xs), 3),
+                          statistics.fmean(t for _, t in xs)) for xs in by_set.values())
             for bar in SPEC_BAR_C1 if c == 1 else (SPEC_BAR,):
                 want = bar * v["output_tok_s"]
                 row: dict[str, Any] = {
