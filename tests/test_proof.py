@@ -1313,6 +1313,21 @@ def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
     assert proof.assemble(runner.results, resolve("h100")).splitlines()[1].startswith("config")
 
 
+def test_the_summary_table_shows_each_rows_worst_waits() -> None:
+    """Run 45's c=8 stall was in ITL p99 only (about 70 ms against 15-18 at every other
+    concurrency); a row recorded without it (runs before bench kept it) leaves the column blank."""
+    stall = {**_spec_row(8, 771.3, 1.832), "itl_ms_p99": 68.609}
+    res = {"runs": {"vanilla-fp8-tp2": [{**_spec_row(8, 565.2), "itl_ms_p99": 14.553}],
+                    "as-imaged-L1.83": [stall, _spec_row(16, 1595.9, 1.838)]}}
+    lines = proof.assemble(res, resolve("h100x8")).splitlines()
+    head = lines[1].split()
+    assert head[head.index("TPOT") + 1] == "ITL99"
+    rows = {(ln.split()[0], ln.split()[1]): ln.split() for ln in lines[2:5]}
+    assert rows[("as-imaged-L1.83", "8")][7] == "68.6"
+    assert rows[("vanilla-fp8-tp2", "8")][7] == "14.6"
+    assert rows[("as-imaged-L1.83", "16")][7] == "1.838"  # no ITL: the AL moves up a column
+
+
 def test_a_set_acceptance_on_prompt_lookup_says_it_applies_to_matched_slots_only(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Run 27 set 4.0 on ngram_gpu and got 1.0: vLLM's synthetic sampler rejects the slots a
