@@ -1315,7 +1315,7 @@ def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
 
 def test_the_summary_table_shows_each_rows_worst_waits() -> None:
     """Run 45's c=8 stall was in ITL p99 only (about 70 ms against 15-18 at every other
-    concurrency); a row recorded without it (runs before bench kept it) leaves the column blank."""
+    concurrency); a row without the figure leaves the column blank."""
     stall = {**_spec_row(8, 771.3, 1.832), "itl_ms_p99": 68.609}
     res = {"runs": {"vanilla-fp8-tp2": [{**_spec_row(8, 565.2), "itl_ms_p99": 14.553}],
                     "as-imaged-L1.83": [stall, _spec_row(16, 1595.9, 1.838)]}}
