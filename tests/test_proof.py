@@ -485,15 +485,22 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
 def test_tune_measures_every_fp8_tier_on_the_gpu_model_it_runs_on(tmp_path: Path) -> None:
     """The table is picked by GPU name, so the tune on an H100 measures the h100 tier's 8B and the
     h100x8 tier's 70B halved by TP=2 (tune splits it), whichever H100 tier asked; the H200 only
-    the 70B whole. Prefill rows are covered up to the largest step budget of those tiers (h100x8:
-    8192, h200: 2048). A target without its MLP width in the catalog is one clear error."""
+    the 70B whole. Prefill rows are covered up to the largest step budget of those tiers (2048
+    each as shipped; an h100x8 given 8192 takes the H100's tune there for both H100 tiers). A
+    target without its MLP width in the catalog is one clear error."""
     h100 = ["--model", "4096,14336,32,8,128,1", "--model", "8192,28672,64,8,128,2"]
-    assert proof.tune_models(resolve("h100")) == [*h100, "--prefill-to", "8192"]
-    assert proof.tune_models(resolve("h100x8")) == [*h100[2:], *h100[:2], "--prefill-to", "8192"]
+    assert proof.tune_models(resolve("h100")) == [*h100, "--prefill-to", "2048"]
+    assert proof.tune_models(resolve("h100x8")) == [*h100[2:], *h100[:2], "--prefill-to", "2048"]
     assert proof.tune_models(resolve("h200")) == ["--model", "8192,28672,64,8,128,1",
                                                   "--prefill-to", "2048"]
     pdir = tmp_path / "profiles"
     shutil.copytree(project_root() / "profiles", pdir)
+    x8 = pdir / "h100x8.yaml"
+    shipped = "  max_num_batched_tokens: 2048\n  cudagraph_capture_size: 2048\n"
+    assert shipped in x8.read_text()
+    x8.write_text(x8.read_text().replace(shipped, "  max_num_batched_tokens: 8192\n"))
+    assert proof.tune_models(resolve("h100", pdir), pdir) == [*h100, "--prefill-to", "8192"]
+    assert proof.tune_models(resolve("h200", pdir), pdir)[-1] == "2048"
     cat = pdir / "_catalog.yaml"
     cat.write_text(cat.read_text().replace("    intermediate_size: 28672\n", ""))
     with pytest.raises(proof.ProofError, match=r"llama-3.3-70b-instruct \(tier h100x8\): the "

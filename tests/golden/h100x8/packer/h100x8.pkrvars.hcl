@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 c588bea7f77a681c093a170583a9301635122de548e6c1dccef29ddcf2480b76): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 7981251f9c13a68dbe8669b8b0104f8437bb9618e4ebbb7e809855a7807aaab4): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "c588bea7f77a681c093a170583a9301635122de548e6c1dccef29ddcf2480b76"
+profile_sha256 = "7981251f9c13a68dbe8669b8b0104f8437bb9618e4ebbb7e809855a7807aaab4"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
