@@ -754,6 +754,38 @@ def test_info_off_the_gpu_machine_fails_its_step_in_one_line(
     assert err.startswith("error: step(s) info failed: ") and len(err.splitlines()) == 1
 
 
+def test_every_run_says_which_machine_it_ran_on(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run without an info step still records the GPUs' model, serials and driver, and vLLM's
+    version, once per --out; the table's first line names them. nvidia-smi and the Python vLLM
+    runs in are stood in for by scripts printing what theirs print (no GPU here)."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho \"$*\" >> " + str(tmp_path / "smi.calls") + "\n"
+                   "echo 'NVIDIA H200, 1654124046278, 580.159.04, 143771 MiB'\n"
+                   "echo 'NVIDIA H200, 1654124045567, 580.159.04, 143771 MiB'\n")
+    py = tmp_path / "bin" / "python"
+    py.write_text("#!/bin/sh\necho '{\"vllm\": \"0.26.0\", \"torch\": \"2.11.0+cu130\"}'\n")
+    for f in (smi, py):
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    ran: list[str] = []
+    monkeypatch.setattr(proof.Runner, "step_models", lambda self, step: ran.append("models"))
+    runner = proof.Runner(plan=proof.Plan(tier="h100x8", steps=[proof.Step("models")]),
+                          out=tmp_path / "pout", work=tmp_path / "w", model_dir=tmp_path / "m",
+                          python=str(py))
+    runner.run()
+    doc = json.loads((tmp_path / "pout" / "proof.json").read_text())
+    assert ran == ["models"]
+    assert doc["info"] == {"vllm": "0.26.0", "torch": "2.11.0+cu130", "gpu": "NVIDIA H200",
+                           "driver": "580.159.04", "memory": "143771 MiB", "gpus": 2,
+                           "serials": ["1654124046278", "1654124045567"]}
+    head = proof.assemble(doc, resolve("h100x8")).splitlines()[0]
+    assert head.startswith("2 x NVIDIA H200 (serials ...046278, ...045567)  vLLM 0.26.0")
+    runner.run()  # a later call on the same machine asks nothing again
+    assert len((tmp_path / "smi.calls").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize(("prompt", "prefix", "why"), [
     (0, 16, "first_token_prefix: it is the shared start of the first-token prompts; give their "
      "length too"),

@@ -834,6 +834,25 @@ def sum_rows(c: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
             "per_instance": parts}
 
 
+def machine_info(python: str) -> dict[str, Any]:
+    """The GPUs (model, serials, driver, memory) and the vLLM and torch that `python` imports."""
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,serial,driver_version,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True,
+                         check=False).stdout.strip().splitlines()
+    code = ("import json, torch, vllm; "
+            "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))")
+    probe = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    info: dict[str, Any] = {}
+    if probe.returncode == 0 and probe.stdout.strip():
+        info = json.loads(probe.stdout.strip().splitlines()[-1])
+    rows = [[f.strip() for f in line.split(",")] for line in smi if line.count(",") == 3]
+    if rows:
+        name, _, drv, mem = rows[0]
+        info.update(gpu=name, driver=drv, memory=mem, gpus=len(rows),
+                    serials=[row[1] for row in rows])
+    return info
+
+
 @dataclass
 class Runner:
     plan: Plan
@@ -981,6 +1000,7 @@ class Runner:
             raise ProofError(f"--out {self.out} holds tier {had}'s steps, not {self.plan.tier}'s. "
                              "Fix: give this tier its own --out")
         self.results["tier"] = self.plan.tier
+        self._note_machine()
         # `timeout` (the GPU machine's call limit) sends SIGTERM: end like Ctrl-C, so the step's
         # server is stopped and what was measured is saved.
         before = {sig: signal.signal(sig, self._interrupted)
@@ -1018,19 +1038,19 @@ class Runner:
         if shutil.which("nvidia-smi") is None:
             raise ProofError("no nvidia-smi here: the proof's steps run on the GPU machine, with "
                              "its driver (docs/benchmarks.md gives each run's commands)")
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             check=False).stdout.strip().splitlines()
-        code = ("import json, torch, vllm; "
-                "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))")
-        probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True,
-                               check=False)
-        info = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else {}
-        if smi:
-            name, drv, mem = (s.strip() for s in smi[0].split(","))
-            info.update(gpu=name, driver=drv, memory=mem, gpus=len(smi))
-        self.results["info"] = info
-        print(info)
+        self.results["info"] = machine_info(self.python)
+        print(self.results["info"])
+
+    def _note_machine(self) -> None:
+        """Every --out says which machine it ran on, info step or not (run 46 left it out to
+        save device time, and its record had to name the GPUs by hand): a lender may hand two
+        calls of one session two machines, and only the serials tell them apart."""
+        if "info" in self.results or shutil.which("nvidia-smi") is None:
+            return
+        if any(step.kind == "info" for step in self.plan.steps):
+            return
+        self.results["info"] = machine_info(self.python)
+        print(f"machine: {self.results['info']}", flush=True)
 
     def step_bandwidth(self, step: Step) -> None:
         # In a child: CUDA memory this process held would be missing from every server started
@@ -1790,6 +1810,10 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     info = res.get("info") or {}
     # a machine a run gave no info or bandwidth step to (run 30's third) says so, not "None"
     gpu = info.get("gpu") or (res.get("attention_model") or {}).get("gpu")
+    if gpu and int(info.get("gpus") or 1) > 1:
+        gpu = f"{info['gpus']} x {gpu}"
+    if info.get("serials"):  # the tails tell two machines of one session apart
+        gpu = f"{gpu} (serials {', '.join('...' + str(x)[-6:] for x in info['serials'])})"
     lines = [f"{gpu or 'GPU not recorded (no info step)'}  vLLM "
              f"{info.get('vllm', 'not recorded')}  read BW "
              f"{f'{bw} TB/s' if bw else 'not measured (no bandwidth step)'}",
