@@ -87,10 +87,11 @@ def test_packaged_table_covers_the_shapes_and_steps_of_every_fp8_tier_on_its_gpu
     assert set(data["shapes"]) == want
     assert_every_shape_covers_the_graph_sizes(path)
     # and every prefill step the tiers run (runs 32-33: Cutlass doubles a 513-row step's GEMMs),
-    # up to the budget tune was given: a table re-tuned without --prefill-to would drop that silently
+    # up to the budget tune is given: a table re-tuned without --prefill-to would drop that
+    # silently. The H100's reaches past it: tuned to 8192 rows (run 33), the h100x8's budget then.
     budget = int(args[args.index("--prefill-to") + 1])
     assert budget == resolve(budget_tier).profile.serving.max_num_batched_tokens
-    assert {rows[-1][0] for rows in dispatch.Table(str(path)).entries.values()} == {budget}
+    assert min(rows[-1][0] for rows in dispatch.Table(str(path)).entries.values()) >= budget
 
 
 def test_a_table_written_by_tune_is_used_on_its_own_compute_capability(tmp_path, monkeypatch):
@@ -203,3 +204,25 @@ def test_the_proof_names_the_table_through_the_variable_the_plugin_reads(
     monkeypatch.setenv(proof.FP8_TABLE_ENV, str(p))
     monkeypatch.setattr(dispatch, "_table", None)
     assert dispatch.table().source == str(p)
+
+
+def test_a_part_installs_once_a_process_and_again_after_a_failed_try():
+    """vLLM calls the plugin's register in every process it starts, sometimes twice in one: a
+    part's install runs once, and one that raised (a malformed table) is tried again, since
+    nothing of it is in place."""
+    import inference_image_vllm
+
+    calls: list[int] = []
+
+    @inference_image_vllm.once
+    def install() -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise ValueError("table malformed")
+
+    with pytest.raises(ValueError, match="table malformed"):
+        install()
+    install()
+    install()
+    assert calls == [0, 1]
+    assert install.__name__ == "install"
