@@ -21,8 +21,10 @@ unless the rendered unit environment turns a part on:
   (schedule.py).
 """
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 
 logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configured logger
 
@@ -41,6 +43,22 @@ LOG_DRAFT_SCHEDULE = ("inference-image: FlashAttention layers of other heads tha
 # {table}: the table's path ("none: <why>" where no table fits the chip); {device}: the GPU it was
 # measured on ("-" for none)
 LOG_FP8_DISPATCH = "inference-image FP8 dispatch installed (table: {table}, measured on {device})"
+
+
+def once(install: Callable[[], None]) -> Callable[[], None]:
+    """A part's install, carried out at most once a process: vLLM calls `register` in every
+    process it starts, and a wrapper applied twice would wrap itself. An install that raises
+    (a malformed FP8 table) stays undone, so vLLM's own path serves."""
+    done = False
+
+    @functools.wraps(install)
+    def guarded() -> None:
+        nonlocal done
+        if not done:
+            install()
+            done = True
+
+    return guarded
 
 
 def _on(name: str) -> bool:

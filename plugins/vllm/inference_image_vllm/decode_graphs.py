@@ -30,11 +30,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import LOG_DECODE_GRAPHS
+from . import LOG_DECODE_GRAPHS, once
 
 logger = logging.getLogger("vllm.inference_image_vllm")
-
-_installed = False
 
 
 class FullWithDecodeRoutine:
@@ -76,13 +74,10 @@ def wrap(manager: type, mode: Any) -> None:
     manager._init_candidates = _init_candidates
 
 
+@once
 def install() -> None:
-    global _installed
-    if _installed:
-        return
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
     wrap(CudaGraphManager, CUDAGraphMode)
-    _installed = True
     logger.info(LOG_DECODE_GRAPHS)

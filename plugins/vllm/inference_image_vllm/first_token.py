@@ -28,13 +28,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from . import LOG_EARLY_FIRST_TOKEN
+from . import LOG_EARLY_FIRST_TOKEN, once
 
 logger = logging.getLogger("vllm.inference_image_vllm")
 
 Step = Callable[[Any], tuple[Any, bool]]
-
-_installed = False
 
 
 class PromptState(Protocol):
@@ -82,13 +80,10 @@ def wrap(step: Step) -> Step:
     return step_with_batch_queue
 
 
+@once
 def install() -> None:
-    global _installed
-    if _installed:
-        return
     from vllm.v1.engine.core import EngineCore
 
     # EngineCore.__init__ loads the plugins before it binds step_fn, so its instances take this
     EngineCore.step_with_batch_queue = wrap(EngineCore.step_with_batch_queue)
-    _installed = True
     logger.info(LOG_EARLY_FIRST_TOKEN)

@@ -22,11 +22,10 @@ import dataclasses
 import logging
 from typing import Any
 
-from . import LOG_DRAFT_SCHEDULE
+from . import LOG_DRAFT_SCHEDULE, once
 
 logger = logging.getLogger("vllm.inference_image_vllm")
 
-_installed = False
 # the metadata attribute holding (query heads, KV heads, head size) of its schedule
 STAMP = "inference_image_schedule_shape"
 
@@ -56,12 +55,9 @@ def wrap(builder: type, impl: type) -> None:
     impl.forward = forward_own_schedule
 
 
+@once
 def install() -> None:
-    global _installed
-    if _installed:
-        return
     from vllm.v1.attention.backends import flash_attn
 
     wrap(flash_attn.FlashAttentionMetadataBuilder, flash_attn.FlashAttentionImpl)
-    _installed = True
     logger.info(LOG_DRAFT_SCHEDULE)

@@ -13,7 +13,7 @@ import torch
 from vllm.model_executor.kernels.linear.scaled_mm.cutlass import CutlassFP8ScaledMMLinearKernel
 from vllm.platforms import current_platform
 
-from . import LOG_FP8_DISPATCH, dispatch
+from . import LOG_FP8_DISPATCH, dispatch, once
 
 logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configured logger
 _lib = torch.library.Library("inference_image", "FRAGMENT")
@@ -89,13 +89,9 @@ class InferenceImageFP8ScaledMMLinearKernel(CutlassFP8ScaledMMLinearKernel):
         return out.view(*output_shape[:-1], B.shape[1])
 
 
-_installed = False
 
-
+@once
 def install() -> None:
-    global _installed
-    if _installed:
-        return
     # The table first: a missing or malformed one stops the install here (the caller logs that
     # vLLM's kernels serve), before any GEMM could reach it.
     t = dispatch.table()
@@ -107,5 +103,4 @@ def install() -> None:
     kernels = linear._POSSIBLE_FP8_KERNELS[PlatformEnum.CUDA]
     if InferenceImageFP8ScaledMMLinearKernel not in kernels:
         kernels.insert(0, InferenceImageFP8ScaledMMLinearKernel)
-    _installed = True
     logger.info(LOG_FP8_DISPATCH.format(table=t.source, device=t.device or "-"))
