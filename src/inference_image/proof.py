@@ -51,7 +51,7 @@ from .profiles import (
     resolve,
 )
 from .render import render
-from .schema import CatalogModel, acceptance_problem, bad_scenario_spec, scenario_spec
+from .schema import acceptance_problem, bad_scenario_spec, scenario_spec
 from .trace import middle
 
 StepKind = Literal["info", "bandwidth", "gemm", "attention", "tune", "models", "vanilla", "profile",
@@ -716,24 +716,15 @@ def plugin_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def catalog_shapes(m: CatalogModel) -> dict[str, Any]:
-    """A catalog model's shapes as its config.json names them."""
-    return {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
-            "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
-            "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
-            "vocab_size": m.vocab_size, "tie_word_embeddings": m.tie_word_embeddings,
-            "max_position_embeddings": m.max_position_embeddings}
-
-
 def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
     """The draft, EAGLE-3 head and FP8-checkpoint folders beside `base` (config + tokenizer),
     and BASE-suffix for each config change in `more`."""
     made = {}
     models = load_catalog(default_profiles_dir()).models
-    variants = {suffix: {**catalog_shapes(models[name]), **extra}
+    variants = {suffix: {**models[name].config_shape(), **extra}
                 for name, (suffix, extra) in DRAFTS.items()}
     for name, (bf16, fp8) in TARGETS.items():
-        shapes = catalog_shapes(models[name]) if bf16 else {}  # "": the folder has them
+        shapes = models[name].config_shape() if bf16 else {}  # "": the folder has them
         if bf16:
             variants[bf16] = shapes
         if fp8 is not None:

@@ -64,6 +64,10 @@ MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen
                  "acme_conf", "acme_state", "fleet")
 # The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
 # the machine (HTTP-01), and only then.
+# the config.json shapes the models role checks an installed model against (what the render
+# sized the image by); the rest of a config (vocabulary, positions) a checkpoint may differ in
+CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                 "num_key_value_heads", "head_dim")
 FIREWALL_TABLE = "inference_image"
 SERVICE_USER = "inference"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
@@ -331,9 +335,7 @@ def models_list(r: Resolved) -> list[dict[str, Any]]:
             "local_config": m.local_config,
             # What the render sized the image by (the tensor-parallel split, the draft's attention
             # schedule, the KV cache): the models role checks the installed config.json against it.
-            "shape": {"num_hidden_layers": m.num_layers, "hidden_size": m.hidden_size,
-                      "num_attention_heads": m.num_attention_heads,
-                      "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim},
+            "shape": {k: v for k, v in m.config_shape().items() if k in CHECKED_SHAPE},
         })
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -84,6 +84,16 @@ class CatalogModel(Strict):
                                                  "when acceptance_length was measured")
     acceptance_source: str | None = Field(None, description="where the figures were published, "
                                           "on which dataset and settings")
+
+    def config_shape(self) -> dict[str, Any]:
+        """The shapes under the names a model's config.json gives them: the render's check of an
+        installed model and the proof's stand-ins read them from here."""
+        return {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "vocab_size": self.vocab_size, "tie_word_embeddings": self.tie_word_embeddings,
+                "max_position_embeddings": self.max_position_embeddings}
 
     @field_validator("acceptance_per_position")
     @classmethod
