@@ -62,12 +62,12 @@ PATHS["leaving"] = PATHS["cache"] + "/leaving"
 # before a snapshot.
 MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint",
                  "acme_conf", "acme_state", "fleet")
-# The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
-# the machine (HTTP-01), and only then.
 # the config.json shapes the models role checks an installed model against (what the render
 # sized the image by); the rest of a config (vocabulary, positions) a checkpoint may differ in
 CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
                  "num_key_value_heads", "head_dim")
+# The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
+# the machine (HTTP-01), and only then.
 FIREWALL_TABLE = "inference_image"
 SERVICE_USER = "inference"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
