@@ -89,7 +89,6 @@ class InferenceImageFP8ScaledMMLinearKernel(CutlassFP8ScaledMMLinearKernel):
         return out.view(*output_shape[:-1], B.shape[1])
 
 
-
 @once
 def install() -> None:
     # The table first: a missing or malformed one stops the install here (the caller logs that
