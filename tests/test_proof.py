@@ -1042,10 +1042,11 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
 
 
 def run_trace_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                   server: type[http.server.BaseHTTPRequestHandler], step: proof.Step
-                   ) -> dict[str, Any]:
+                   server: type[http.server.BaseHTTPRequestHandler], step: proof.Step,
+                   tier: str = "h100", label: str = "") -> dict[str, Any]:
     """One trace step against a stand-in vLLM server (its completions and profiler endpoints), the
-    start and the render skipped; work in tmp_path/w, results in tmp_path/o. Its trace entry."""
+    start and the render skipped; work in tmp_path/w, results in tmp_path/o. Its trace entry (or
+    the one under `label`)."""
     class Started:
         def wait_ready(self) -> None:
             pass
@@ -1053,7 +1054,7 @@ def run_trace_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         def stop(self) -> None:
             pass
 
-    r = resolve("h100")
+    r = resolve(tier)
     monkeypatch.setattr(proof.Runner, "_start", lambda self, *a: Started())
     runner = proof.Runner(plan=proof.Plan(steps=[step]), out=tmp_path / "o", work=tmp_path / "w",
                           model_dir=tmp_path / "m")
@@ -1064,7 +1065,7 @@ def run_trace_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         runner.run()
     doc = json.loads((tmp_path / "o" / "proof.json").read_text())
     assert "failed" not in doc, doc.get("failed")
-    return doc["trace"][step.label]
+    return doc["trace"][label or step.label]
 
 
 @pytest.mark.parametrize("pre", [0, 48])
@@ -1148,6 +1149,78 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
     starts = {tuple(p[:48]) for p in prompts}
     assert len(prompts) == 4 + 32 + 8 + 4 + (1 if pre else 0)
     assert starts == {tuple(proof.shared_prefix(48))} if pre else len(starts) == len(prompts)
+
+
+def test_a_decode_trace_at_several_concurrencies_traces_each_in_one_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`proof step trace --step-concurrency 1,4,2`: one start, each concurrency traced in turn
+    (LABEL-c1, -c2, -c4), each summarised from its own timeline only. At TP=2 each of the two
+    GPU workers writes a trace, the second a little later; the step waits for both and keeps
+    the GPU worker's larger one."""
+    monkeypatch.setattr(proof, "DECODE_WINDOW_S", 0.05)
+    monkeypatch.setattr(proof, "FILE_POLL_S", 0.2)
+    tdir = tmp_path / "w" / "trace" / "l"
+    lock = threading.Lock()
+    decoding, greedy_since, written = [0], [0], [0]
+
+    def trace_of(c: int, rank: int) -> str:
+        # 6 decode steps of c sequences, (10 + c) ms each; rank 1's trace has no kernels
+        return json.dumps({"traceEvents": [
+            {"ph": "X", "cat": cat, "name": name, "ts": 50_000.0 * k, "dur": (10 + c) * 1000}
+            for k in range(6) for cat, name in (
+                ("gpu_user_annotation", f"execute_context_0(0)_generation_{c}({4 * c})"),
+                *((("kernel", "nvjet_sm90_qqtst"),) if rank == 0 else ()))]})
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size)) if size else {}
+            self.send_response(200)
+            if self.path in ("/start_profile", "/stop_profile"):
+                self.end_headers()
+                if self.path == "/start_profile":
+                    greedy_since[0] = 0
+                    return
+                # greedy answers one prompt at a time: one sequence a step
+                c, written[0] = decoding[0] or min(greedy_since[0], 1), written[0] + 1
+                name = f"rank{{}}.{written[0]}.pt.trace.json"
+                tdir.joinpath(name.format(0)).write_text(trace_of(c, 0))
+                threading.Timer(0.5, lambda: tdir.joinpath(name.format(1)).write_text(
+                    trace_of(c, 1))).start()
+                return
+            if not body.get("stream"):  # greedy
+                greedy_since[0] += 1
+                self.end_headers()
+                self.wfile.write(b'{"choices": [{"text": "x"}]}')
+                return
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            with lock:
+                decoding[0] += 1
+            try:
+                for _ in range(body["max_tokens"]):
+                    self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.0005)
+                self.wfile.write(b"data: [DONE]\n\n")
+            finally:
+                with lock:
+                    decoding[0] -= 1
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    run_trace_step(tmp_path, monkeypatch, Server, proof.Step("trace", label="l",
+                                                             concurrency=(1, 4, 2)),
+                   tier="h100x8", label="l-c1")
+    doc = json.loads((tmp_path / "o" / "proof.json").read_text())["trace"]
+    assert sorted(doc) == ["l-c1", "l-c2", "l-c4"] and written[0] == 3
+    for c in (1, 2, 4):
+        t = doc[f"l-c{c}"]
+        assert t["decode_steps"] == 6 and t["decode_step_ms"] == 10 + c
+        assert t.get("streams") == (c if c > 1 else None)
+        assert t["raw"] == f"traces/l-c{c}.pt.trace.json"
+        assert (tmp_path / "o" / t["raw"]).read_text() == trace_of(c, 0)
 
 
 @pytest.mark.parametrize("pre", [0, 48])

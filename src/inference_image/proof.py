@@ -467,6 +467,8 @@ SERVED_SEED = 500
 SETTLE_SEED, SETTLE_CONCURRENCY = 700, 4
 # a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
 DECODE_WINDOW_S = 1.0
+# how often a finished trace is looked for: a file's size unchanged over one such wait
+FILE_POLL_S = 3.0
 # Tokens each decoding stream asks for while first tokens are timed beside it: more than it can
 # make while they are (8 prompts, 0.2 s apart: ~3 s; the h100 image makes ~500 tokens a second
 # a stream), so none ends early; the streams are closed once the prompts are done.
@@ -793,17 +795,22 @@ def tune_models(r: Resolved, profiles_dir: Path | None = None) -> list[str]:
     return [*args, "--prefill-to", str(budget)] if args else []
 
 
-def wait_files(folder: Path, pattern: str, timeout_s: float) -> list[Path]:
-    """The files matching `pattern` once their sizes stop changing (a trace is written after
-    /stop_profile returns)."""
-    end, last = time.monotonic() + timeout_s, None
+def wait_files(folder: Path, pattern: str, timeout_s: float, seen: frozenset[Path] = frozenset(),
+               count: int = 1, rest_s: float = 60) -> list[Path]:
+    """The files matching `pattern`, other than `seen`, once their sizes stop changing (a trace is
+    written after /stop_profile returns): `count` of them (one a GPU worker), or those there are
+    rest_s after the first one was finished (a worker that writes none costs a minute, not the
+    whole timeout)."""
+    end, last, first = time.monotonic() + timeout_s, None, None
     while time.monotonic() < end:
-        files = sorted(folder.glob(pattern))
+        files = sorted(f for f in folder.glob(pattern) if f not in seen)
         sizes = [f.stat().st_size for f in files]
         if files and sizes == last:
-            return files
+            first = first or time.monotonic()
+            if len(files) >= count or time.monotonic() - first >= rest_s:
+                return files
         last = sizes
-        time.sleep(3)
+        time.sleep(FILE_POLL_S)
     raise ProofError(f"no finished trace in {folder} after {timeout_s:.0f} s")
 
 
@@ -1488,14 +1495,16 @@ class Runner:
         summarised (trace.py): where a step's GPU time goes, how long the GPU idles. Decode (the
         default): one stream of greedy completions, the speculative steps included. With a
         concurrency c > 1: c streams at once, traced for DECODE_WINDOW_S once all are decoding (a
-        chat row's steady state at c). With prompt_tokens: the first token of long prompts, one at
-        a time, timed first without the profiler (first_tokens), so the trace explains a measured
-        TTFT; with prompt_tokens and a concurrency c, those prompts are sent while c other streams
-        decode (a bench row's later requests: run 31's h200 image took ~67 ms longer than vanilla
-        to a first token there, and the idle trace cannot show why), and the steps around each
-        prompt's are listed (trace.prompt_steps). With first_token_prefix: every one of those
-        prompts begins with the same tokens, cached in the warm-up, so each traced first token
-        reads a prefix-cache hit."""
+        chat row's steady state at c); with several, each in turn in the one start (labelled
+        LABEL-cC), so that neighbours compare on one machine without a second 70B start. With
+        prompt_tokens: the first token of long prompts, one at a time, timed first without the
+        profiler (first_tokens), so the trace explains a measured TTFT; with prompt_tokens and a
+        concurrency c, those prompts are sent while c other streams decode (a bench row's later
+        requests: run 31's h200 image took ~67 ms longer than vanilla to a first token there,
+        and the idle trace cannot show why), and the steps around each prompt's are listed
+        (trace.prompt_steps). With first_token_prefix: every one of those prompts begins with the
+        same tokens, cached in the warm-up, so each traced first token reads a prefix-cache
+        hit."""
         label = step.name()
         tdir = self._fresh("trace", label)
         # no spaces: inference-run splits INFERENCE_EXTRA_ARGS on them
@@ -1506,8 +1515,11 @@ class Runner:
         srv = self._start(label, runner, env, port)
         url, model = f"http://127.0.0.1:{port}", r.profile.model.target
         n, pre = step.prompt_tokens, step.first_token_prefix
-        streams = max(step.concurrency, default=1) if not n else 1
         beside = max(step.concurrency, default=0) if n else 0
+        levels = sorted(set(step.concurrency)) if step.concurrency and not n else [1]
+        # each GPU worker writes its own trace
+        workers = r.profile.serving.tensor_parallel_size
+        pattern = "*.pt.trace.json*"
 
         def profile(action: str) -> None:
             urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
@@ -1519,16 +1531,17 @@ class Runner:
             time.sleep(DECODE_WINDOW_S)
             profile("stop_profile")
 
-        def work() -> list[float]:
-            if n:
-                # one token: each request is one engine step (prefill and first proposals), so
-                # the trace's pieces (trace.bursts) are those steps
-                return first_tokens(url, model, n, seed=1, max_tokens=1, prefix=pre)
-            greedy(url, model)
-            return []
-
         timed: dict[str, Any] = {}
         profiled: list[float] = []
+
+        def traced(c: int, during: Callable[[], None]) -> None:
+            # kept at once: a later concurrency that fails loses only its own trace
+            seen = frozenset(tdir.glob(pattern))
+            during()
+            self._keep_trace(f"{label}-c{c}" if len(levels) > 1 else label,
+                             wait_files(tdir, pattern, 300, seen, workers), c, n, pre, beside,
+                             timed, profiled)
+
         try:
             srv.wait_ready()
             # warm-up: anything compiled on first use is compiled now
@@ -1565,17 +1578,31 @@ class Runner:
                 timed["beside_streams"] = beside
             self._phase("tracing")
             if beside:
-                decode_streams(url, model, beside, traced_beside, max_tokens=BESIDE_TOKENS,
-                               end_after=True)
-            elif streams > 1:
-                decode_streams(url, model, streams, window)
-            else:
-                profile("start_profile")
-                profiled = work()
-                profile("stop_profile")
-            files = wait_files(tdir, "*.pt.trace.json*", 300)
+                traced(beside, lambda: decode_streams(
+                    url, model, beside, traced_beside, max_tokens=BESIDE_TOKENS, end_after=True))
+            for c in levels if not beside else []:
+                if c > 1:
+                    traced(c, lambda c=c: decode_streams(url, model, c, window))
+                    continue
+
+                def one() -> None:
+                    profile("start_profile")
+                    if n:
+                        # one token: each request is one engine step (prefill and first
+                        # proposals), so the trace's pieces (trace.bursts) are those steps
+                        profiled.extend(first_tokens(url, model, n, seed=1, max_tokens=1,
+                                                     prefix=pre))
+                    else:
+                        greedy(url, model)
+                    profile("stop_profile")
+                traced(c, one)
         finally:
             srv.stop()
+
+    def _keep_trace(self, label: str, files: list[Path], c: int, n: int, pre: int, beside: int,
+                    timed: dict[str, Any], profiled: list[float]) -> None:
+        """One trace of step_trace summarised into proof.json under `label`, its timeline kept
+        beside it (traces/LABEL...)."""
         biggest = max(files, key=lambda f: f.stat().st_size)  # the GPU worker's, not the front end's
         # kept beside proof.json: the timeline itself answers what the summary does not
         kept = Path("traces") / f"{label}.pt.trace.json{'.gz' if biggest.suffix == '.gz' else ''}"
@@ -1587,8 +1614,8 @@ class Runner:
         summary = trace.summarize(events)
         summary["file"] = biggest.name
         summary["raw"] = str(kept)
-        if streams > 1:
-            summary["streams"] = streams
+        if c > 1 and not beside:
+            summary["streams"] = c
         if n and not beside:
             summary["bursts"] = trace.bursts(events)
             summary["median_burst"] = trace.median_burst(summary["bursts"])
@@ -1608,7 +1635,8 @@ class Runner:
                   + (f", {middle(timed['first_token_ms_beside'])} beside {beside} decoding "
                      "stream(s)" if beside else ""), flush=True)
         self.results.setdefault("trace", {})[label] = summary
-        print(trace.table(summary), flush=True)
+        self.save()
+        print(f"[{label}]", trace.table(summary), sep="\n", flush=True)
         if beside:
             print("\n".join(trace.prompt_steps_table(summary["prompt_steps"])), flush=True)
 
