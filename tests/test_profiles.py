@@ -72,6 +72,18 @@ def test_instances_times_tp_must_equal_gpu_count(pdir):
     assert "Fix: make instances x tensor_parallel_size equal 8" in err
 
 
+def test_tensor_parallel_leaves_room_outside_vllms_share(pdir):
+    """Run 47: the h100x8 instance at gpu_memory_utilization 0.92 ran out of memory capturing its
+    CUDA graphs on two H100s; 0.88 started. A TP=1 tier keeps _gpu.yaml's 0.92 (the h100 tier
+    serves at it)."""
+    (err,) = errors_of("h100x8", pdir, overrides=["serving.gpu_memory_utilization=0.92"])
+    assert "serving.gpu_memory_utilization: 0.92 leaves 6.4 GiB a GPU outside vLLM's share at " \
+           "TP=2" in err, err
+    assert "Fix: set serving.gpu_memory_utilization at most 0.88 on 79.6 GiB" in err
+    assert resolve("h100x8", pdir).profile.serving.gpu_memory_utilization == 0.88
+    resolve("h100", pdir, overrides=["serving.gpu_memory_utilization=0.92"])
+
+
 def test_fa3_on_ada_is_refused(pdir):
     edit(pdir / "l40s.yaml", "  max_num_seqs: 40", "  max_num_seqs: 40\n  flash_attention_3: true")
     (err,) = errors_of("l40s", pdir)

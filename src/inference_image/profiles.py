@@ -146,6 +146,12 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+# GiB a GPU left outside vLLM's share (gpu_memory_utilization) at tensor parallelism > 1: NCCL's
+# buffers and the all-reduces inside CUDA graph capture, which vLLM's own estimate missed. Run 47
+# (h100x8 on two H100 80GB, the 70B with its head, graphs to 2048 tokens): 6.4 GiB ran out at
+# start, 9.55 started and served. The least measured to start, not a bound derived from vLLM.
+TP_OUTSIDE_MIN_GIB = 9.5
+
 # A profile is a page of settings: limits far above any real one, far below what hangs a loader.
 MAX_FILE_BYTES = 256 * 1024
 MAX_ALIASES = 64
@@ -597,6 +603,14 @@ def _check(
             err("serving.max_num_batched_tokens",
                 "without chunked prefill a whole prompt must fit one batch",
                 f"set max_num_batched_tokens >= max_model_len ({s.max_model_len})")
+        outside = hw.gpu_memory_gib * (1 - s.gpu_memory_utilization)
+        if hw.gpu_count and tp > 1 and outside < TP_OUTSIDE_MIN_GIB:
+            most = int((1 - TP_OUTSIDE_MIN_GIB / hw.gpu_memory_gib) * 100) / 100
+            err("serving.gpu_memory_utilization",
+                f"{s.gpu_memory_utilization} leaves {outside:.1f} GiB a GPU outside vLLM's share at "
+                f"TP={tp}; an instance at TP=2 with 6.4 GiB outside ran out of memory at start "
+                f"(run 47), one with 9.55 started: leave at least {TP_OUTSIDE_MIN_GIB}",
+                f"set serving.gpu_memory_utilization at most {most} on {hw.gpu_memory_gib} GiB")
         if hw.gpu_count and not errs:
             fit = _fit(p, target, draft)
             if fit.short_gib > 0:

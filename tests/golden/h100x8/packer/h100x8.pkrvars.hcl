@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 7981251f9c13a68dbe8669b8b0104f8437bb9618e4ebbb7e809855a7807aaab4): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 8406a9ea537177ca3fb2b942bbde07a32351c0d11f0a06456da7e632fc3ad959): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "7981251f9c13a68dbe8669b8b0104f8437bb9618e4ebbb7e809855a7807aaab4"
+profile_sha256 = "8406a9ea537177ca3fb2b942bbde07a32351c0d11f0a06456da7e632fc3ad959"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
