@@ -1041,6 +1041,13 @@ def test_streams_that_decode_beside_timed_prompts_are_closed_once_they_are_done(
         assert len(gone) == 2
 
 
+def posted(handler: http.server.BaseHTTPRequestHandler) -> dict[str, Any]:
+    """A stand-in server's request body: the JSON a client posted, {} for none (the profiler's
+    start and stop)."""
+    size = int(handler.headers.get("Content-Length") or 0)
+    return json.loads(handler.rfile.read(size)) if size else {}
+
+
 def run_trace_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                    server: type[http.server.BaseHTTPRequestHandler], step: proof.Step,
                    tier: str = "h100", label: str = "") -> dict[str, Any]:
@@ -1087,8 +1094,7 @@ def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompt
 
     class Server(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            size = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(size)) if size else {}
+            body = posted(self)
             if self.path in ("/start_profile", "/stop_profile"):
                 profiling[0] = self.path == "/start_profile"
                 if not profiling[0]:
@@ -1173,8 +1179,7 @@ def test_a_decode_trace_at_several_concurrencies_traces_each_in_one_start(
 
     class Server(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            size = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(size)) if size else {}
+            body = posted(self)
             self.send_response(200)
             if self.path in ("/start_profile", "/stop_profile"):
                 self.end_headers()
@@ -1238,8 +1243,7 @@ def test_an_idle_first_token_trace_says_who_waits_and_keeps_its_timeline(
 
     class Server(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            size = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(size)) if size else {}
+            body = posted(self)
             self.send_response(200)
             if self.path in ("/start_profile", "/stop_profile"):
                 profiling[0] = self.path == "/start_profile"
