@@ -332,6 +332,22 @@ def test_draft_schedule_reaches_the_unit_environment_where_a_draft_has_other_hea
     assert "INFERENCE_IMAGE_DRAFT_SCHEDULE" not in env("h200", "serving.flash_attention_3=false")
 
 
+def test_an_nvswitch_tier_turns_nvlink_multicast_off_in_nccl_and_torch_and_vllm(tmp_path):
+    """Every instance of a tier on NVSwitch serves the all-reduces runs 42-47 measured: NCCL without
+    NVLS, and vLLM's own rather than torch's symmetric memory (which vLLM 0.26 takes by default
+    where multicast works); a tier of one GPU has no all-reduce to set."""
+    off = ("NCCL_NVLS_ENABLE=0\n", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1\n",
+           "VLLM_ALLREDUCE_USE_SYMM_MEM=0\n")
+    r = resolve("h100x8", ROOT / "profiles")
+    render(r, tmp_path / "x8")
+    for inst in r.instances:
+        env = (tmp_path / "x8" / f"etc/inference-image/units/{inst.name}.env").read_text()
+        assert all(v in env for v in off), (inst.name, env)
+    render(resolve("h100", ROOT / "profiles"), tmp_path / "x1")
+    env = (tmp_path / "x1" / "etc/inference-image/units/vllm-0.env").read_text()
+    assert not any(v.split("=")[0] in env for v in off)
+
+
 def test_runner_refuses_to_start_on_a_full_cache_disk(tmp_path, monkeypatch):
     """An instance whose cache disk has less than the rendered minimum free stops at once with a
     line that names it (the fault suite greps the journal for it), instead of failing mid-compile."""

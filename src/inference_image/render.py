@@ -217,7 +217,12 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     if r.is_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
         if p.hardware.nvswitch:
-            env["NCCL_NVLS_ENABLE"] = "0"  # multicast needs fabric manager state we cannot verify
+            # NVLink multicast needs fabric manager state we cannot verify, in NCCL and in torch's
+            # symmetric memory, whose all-reduce vLLM 0.26 takes by default where multicast
+            # works; every multi-GPU run (42-47) measured vLLM's own and NCCL's all-reduces
+            env["NCCL_NVLS_ENABLE"] = "0"
+            env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+            env["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
         if p.serving.fp8_gemm_dispatch:
             env["INFERENCE_IMAGE_FP8_DISPATCH"] = "1"  # read by the inference-image vLLM plugin
         if p.serving.triton_decode_max_tokens:
