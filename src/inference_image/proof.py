@@ -1577,25 +1577,24 @@ class Runner:
                                end_after=True)
                 timed["beside_streams"] = beside
             self._phase("tracing")
+
+            def one() -> None:
+                profile("start_profile")
+                if n:
+                    # one token: each request is one engine step (prefill and first proposals),
+                    # so the trace's pieces (trace.bursts) are those steps
+                    profiled.extend(first_tokens(url, model, n, seed=1, max_tokens=1, prefix=pre))
+                else:
+                    greedy(url, model)
+                profile("stop_profile")
+
             if beside:
                 traced(beside, lambda: decode_streams(
                     url, model, beside, traced_beside, max_tokens=BESIDE_TOKENS, end_after=True))
-            for c in levels if not beside else []:
-                if c > 1:
-                    traced(c, lambda c=c: decode_streams(url, model, c, window))
-                    continue
-
-                def one() -> None:
-                    profile("start_profile")
-                    if n:
-                        # one token: each request is one engine step (prefill and first
-                        # proposals), so the trace's pieces (trace.bursts) are those steps
-                        profiled.extend(first_tokens(url, model, n, seed=1, max_tokens=1,
-                                                     prefix=pre))
-                    else:
-                        greedy(url, model)
-                    profile("stop_profile")
-                traced(c, one)
+            else:
+                for c in levels:
+                    traced(c, (lambda c=c: decode_streams(url, model, c, window)) if c > 1
+                           else one)
         finally:
             srv.stop()
 
