@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 8406a9ea537177ca3fb2b942bbde07a32351c0d11f0a06456da7e632fc3ad959): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 adb2c60443aa2c62ee098fde4f98930a65c75e061267d55d5123430d9badcc3c): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "8406a9ea537177ca3fb2b942bbde07a32351c0d11f0a06456da7e632fc3ad959"
+profile_sha256 = "adb2c60443aa2c62ee098fde4f98930a65c75e061267d55d5123430d9badcc3c"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
