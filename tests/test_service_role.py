@@ -19,6 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLE = ROOT / "roles" / "inference_service"
+LISTED = "List the rendered files"
 FIRST, LAST = "Make a scratch directory on the controller", "Install the rendered files"
 
 
@@ -43,13 +44,16 @@ def a_render(at: Path) -> Path:
     return at
 
 
-def test_the_archive_holds_the_installed_trees_as_root_and_is_the_same_bytes_for_the_same_files(
+def test_the_archive_holds_the_listed_files_sorted_as_root_and_is_the_same_bytes_for_the_same_files(
         tmp_path: Path) -> None:
     render = a_render(tmp_path / "render")
     pack = packer()
-    assert pack.pack(render, tmp_path / "one.tar") == 3
+    # as the role's find lists them, in no particular order
+    listed = [render / "usr" / "local" / "bin" / "inference-run",
+              render / "etc" / "inference-image" / "b.env", render / "etc" / "inference-image" / "a.env"]
+    pack.pack(render, tmp_path / "one.tar", listed)
     os.utime(render / "etc" / "inference-image" / "a.env", (time.time() + 60, time.time() + 60))
-    pack.pack(render, tmp_path / "two.tar")
+    pack.pack(render, tmp_path / "two.tar", listed[::-1])
     assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
     with tarfile.open(tmp_path / "one.tar") as tar:
         members = tar.getmembers()
@@ -58,15 +62,16 @@ def test_the_archive_holds_the_installed_trees_as_root_and_is_the_same_bytes_for
     assert {(m.uid, m.gid, m.uname, m.mtime) for m in members} == {(0, 0, "root", 0)}
     assert members[2].mode == 0o755
     (render / "etc" / "inference-image" / "a.env").write_text("A=2\n")
-    pack.pack(render, tmp_path / "three.tar")
+    pack.pack(render, tmp_path / "three.tar", listed)
     assert (tmp_path / "three.tar").read_bytes() != (tmp_path / "one.tar").read_bytes()
 
 
 def the_install_tasks(root: Path) -> list[dict[str, Any]]:
-    """The role's tasks from packing to installing, with tar's --directory pointed at `root`."""
+    """The role's find of the rendered files and its tasks from packing to installing, with
+    tar's --directory pointed at `root` (its directory task would make them under /)."""
     tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
     names = [t["name"] for t in tasks]
-    picked = tasks[names.index(FIRST):names.index(LAST) + 1]
+    picked = [tasks[names.index(LISTED)], *tasks[names.index(FIRST):names.index(LAST) + 1]]
     for task in picked:
         for args in task.values():
             if isinstance(args, dict) and "argv" in args and args["argv"][0] == "tar":

@@ -1,4 +1,4 @@
-"""Pack a render's installed files (its etc/ and usr/ trees) into one tar, on the controller.
+"""Pack a render's installed files (those the role's find listed) into one tar, on the controller.
 
 One archive is one transfer to the machine, where a copy task a file took a round trip each (about
 60 s for the cpu tier over podman, in converge and again in the idempotence run). The archive is
@@ -12,14 +12,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-TREES = ("etc", "usr")
-
-
-def files(render_dir: Path) -> list[Path]:
-    """The regular files under the render's trees (what the role's find lists: no links)."""
-    return sorted(p for tree in TREES if (render_dir / tree).is_dir()
-                  for p in (render_dir / tree).rglob("*") if p.is_file() and not p.is_symlink())
-
 
 def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
@@ -28,15 +20,14 @@ def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def pack(render_dir: Path, out: Path) -> int:
-    found = files(render_dir)
+def pack(render_dir: Path, out: Path, files: list[Path]) -> None:
+    """`files` (the role's list of the render's installed files), by name, under render_dir."""
     with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as tar:
-        for f in found:
+        for f in sorted(files):
             tar.add(f, arcname=f.relative_to(render_dir).as_posix(), recursive=False, filter=as_root)
-    return len(found)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: pack_render.py RENDER_DIR OUT.tar")
-    print(pack(Path(sys.argv[1]), Path(sys.argv[2])))
+    if len(sys.argv) < 3:
+        sys.exit("usage: pack_render.py RENDER_DIR OUT.tar FILE...")
+    pack(Path(sys.argv[1]), Path(sys.argv[2]), [Path(f) for f in sys.argv[3:]])
