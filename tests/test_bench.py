@@ -262,3 +262,35 @@ def test_each_row_counts_its_measured_requests_only(tmp_path, monkeypatch, one_p
         assert r["prefix_cache_hit_rate"] == 0.25 and r["acceptance_length"] == 2.5, r
         assert r["draft_acceptance_rate"] == 0.5
     assert bench.markdown(rows).splitlines()[2].endswith("| 25% | 2.50 |")
+
+
+def test_counters_of_the_instances_behind_a_router_are_summed():
+    """Behind a router each instance served some of a row's requests, so the row's acceptance is
+    the sum of every instance's counters (not one instance's, not an average of their lengths);
+    an instance whose /metrics does not answer leaves the row without counters rather than short
+    of one server."""
+    class One(_Counters):
+        values: ClassVar[dict[str, float]] = {
+            "spec_decode_num_drafts": 100.0, "spec_decode_num_accepted_tokens": 50.0}
+
+    class Two(_Counters):
+        values: ClassVar[dict[str, float]] = {
+            "spec_decode_num_drafts": 300.0, "spec_decode_num_accepted_tokens": 330.0}
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (One, Two)]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    try:
+        both = bench.engine_counters(urls)
+        assert both == {"vllm:spec_decode_num_drafts_total": 400.0,
+                        "vllm:spec_decode_num_accepted_tokens_total": 380.0}
+        # 1 + 380 / 400; the two instances' own lengths are 1.5 and 2.1
+        assert bench.acceptance(None, both)["acceptance_length"] == 1.95
+        assert bench.engine_counters(urls[0]) == {"vllm:spec_decode_num_drafts_total": 100.0,
+                                                  "vllm:spec_decode_num_accepted_tokens_total": 50.0}
+        servers[1].shutdown()
+        servers[1].server_close()
+        assert bench.engine_counters(urls) is None
+    finally:
+        servers[0].shutdown()

@@ -923,7 +923,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
         ("served-x-direct", inst, 0, [1, 4]), ("served-x", internal, proof.SERVED_SEED, [1, 4])]
     assert res["after_start"]["served-x"]["concurrency"] == proof.SETTLE_CONCURRENCY
     # both read the instance's counters; the router's rows went to the instance
-    assert {b["metrics_url"] for b in benched[1:]} == {f"http://127.0.0.1:{inst}"}
+    assert [b["metrics_url"] for b in benched[1:]] == [[f"http://127.0.0.1:{inst}"]] * 2
     assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * 3
     assert set(res["runs"]) == {"served-x", "served-x-direct"}
     assert "--policy round_robin" in res["commands"]["served-x"]["router_argv"]  # auto, one instance

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -236,7 +236,7 @@ def run(
     config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
     timeout_s: int = 1800, log: Path | None = None, vllm_python: str | None = None,
     partial: Path | None = None, min_prompts: int = MIN_PROMPTS,
-    metrics_url: str | None = None,
+    metrics_url: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Each row is a warm-up run (prompts of its own) and then the measured run.
     vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
@@ -244,7 +244,8 @@ def run(
     partial: rewritten after every row ("partial": true), so a bench cut off keeps its rows.
     metrics_url: a vLLM server whose /metrics is read before and after every measured run, so
     that each row carries the share of prompt tokens its prefix cache served and, where the
-    server speculates, the acceptance length and draft acceptance rate of that run alone."""
+    server speculates, the acceptance length and draft acceptance rate of that run alone; or
+    several, every instance behind a router, their counters summed."""
     rows: list[dict[str, Any]] = []
     meta = {"url": url, "model": model, "config": config, "seed": seed,
             "prompts_per_concurrency": per, "min_prompts": min_prompts, "hourly_usd": hourly_usd,
@@ -304,14 +305,23 @@ class BenchError(Exception):
     pass
 
 
-def engine_counters(url: str) -> dict[str, float] | None:
-    """vLLM's prefix-cache and speculative-decoding counters from URL/metrics; None when
-    /metrics is not reachable or has none."""
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-            return parse_engine_counters(resp.read().decode())
-    except OSError:
-        return None
+def engine_counters(url: str | Sequence[str]) -> dict[str, float] | None:
+    """vLLM's prefix-cache and speculative-decoding counters from URL/metrics, or summed over
+    several servers (the instances behind one router: which of them served a request is the
+    router's choice, so only their sum covers a run); None when any /metrics is not reachable or
+    has none, since a sum short of one server would misstate the run."""
+    total: dict[str, float] = {}
+    for u in [url] if isinstance(url, str) else url:
+        try:
+            with urllib.request.urlopen(f"{u}/metrics", timeout=5) as resp:
+                one = parse_engine_counters(resp.read().decode())
+        except OSError:
+            return None
+        if one is None:
+            return None
+        for k, v in one.items():
+            total[k] = total.get(k, 0.0) + v
+    return total or None
 
 
 # generation tokens and finished requests too: with them, the share of decode steps that carried

@@ -1462,7 +1462,8 @@ class Runner:
                 "s": srv.wait_ready(120), "compile_cache": "none"}
             self.results["commands"][label]["router_argv"] = dry_run(runner, renv)
             one = r.instances[0].port if len(r.instances) == 1 else None
-            metrics = f"http://127.0.0.1:{one}" if one else None
+            # every instance's counters, summed: the router decides which served a request
+            metrics = [f"http://127.0.0.1:{i.port}" for i in r.instances]
             self._settle(label, rport, model, r)
             runs = self.results.setdefault("runs", {})
             if one:
