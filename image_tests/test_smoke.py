@@ -72,6 +72,27 @@ def test_chat_completion_through_router(root: Any, profile: dict[str, Any], api_
 
 
 @pytest.mark.serving
+@pytest.mark.parametrize("sampling", [
+    {},  # what most clients send: the checkpoint's generation_config decides (Llama: top_p 0.9)
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.0, "top_k": 40}])
+def test_sampled_requests_answer_and_leave_the_instances_up(
+        root: Any, profile: dict[str, Any], api_key: HostKey, public: Public,
+        sampling: dict[str, float]) -> None:
+    """vLLM 0.26 filters top-p and top-k with FlashInfer on NVIDIA GPUs unless told not to, and
+    FlashInfer builds that kernel with nvcc, which no image has: run 50's engine did not start,
+    its own warm-up of that sampler failing. Here every kind of request is answered and every
+    instance still serves after it."""
+    body = {"model": profile["served_model_name"], "max_tokens": 16, **sampling,
+            "messages": [{"role": "user", "content": "Name a prime number."}]}
+    r = http(root, public, "/v1/chat/completions", key=api_key, method="POST", body=body)
+    assert r.status == 200, r.body
+    assert r.json()["usage"]["completion_tokens"] > 0
+    problems = [p for p in (why_not_serving(root, i) for i in profile["instances"]) if p]
+    assert not problems, "; ".join(problems)
+
+
+@pytest.mark.serving
 def test_router_spreads_requests_over_instances(root: Any, profile: dict[str, Any],
                                                 api_key: HostKey, public: Public) -> None:
     if len(profile["instances"]) < 2:

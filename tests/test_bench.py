@@ -42,6 +42,20 @@ def test_the_warm_up_sends_prompts_of_its_own_and_saves_nothing():
     assert "--save-result" not in w and "--result-filename" not in w
 
 
+def test_requests_sample_as_asked_or_as_the_server_defaults():
+    """vLLM 0.26's bench sends no temperature unless told: the server's defaults (the checkpoint's
+    generation_config) apply, which a stand-in's config does not carry."""
+    sc = bench.SCENARIOS["chat"]
+    plain = bench.bench_args("http://h:8000", "m", None, sc, 4, 4, 7, Path("/r"), "f.json")
+    assert not {"--temperature", "--top-p", "--top-k"} & set(plain)
+    for warmup in (False, True):
+        args = bench.bench_args("http://h:8000", "m", None, sc, 4, 4, 7, Path("/r"), "f.json",
+                                warmup=warmup, sampling={"top_p": 0.9, "temperature": 0.6,
+                                                         "top_k": 40.0})
+        a = dict(zip(args, [*args[1:], ""], strict=True))
+        assert (a["--temperature"], a["--top-p"], a["--top-k"]) == ("0.6", "0.9", "40")
+
+
 def test_rows_of_different_scenarios_draw_different_prompts():
     """vLLM's random dataset starts prompt i where the seed says, whatever its length: with one
     seed a summarization prompt began with the chat prompt before it, and found it cached."""

@@ -895,14 +895,16 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     benched: list[dict[str, Any]] = []
 
     def bench_rows(self: proof.Runner, label: str, port: int, model: str, conc: list[int],
-                   r: Any, scenarios: tuple[str, ...] = (), **extra: Any) -> list[dict[str, Any]]:
+                   r: Any, scenarios: tuple[str, ...] = (), sampling: str = "checkpoint",
+                   **extra: Any) -> list[dict[str, Any]]:
         body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 1}).encode()
         req = proof.urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                            {"Content-Type": "application/json"})
         with proof.urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200
         benched.append({"label": label, "port": port, "seed": extra.get("seed", 0),
-                        "metrics_url": extra.get("metrics_url"), "conc": conc})
+                        "metrics_url": extra.get("metrics_url"), "conc": conc,
+                        "sampling": sampling})
         return [{"concurrency": c, "output_tok_s": 1.0, "ttft_ms_mean": 1.0, "ttft_ms_p99": 1.0,
                  "tpot_ms_mean": 1.0} for c in conc]
 
@@ -924,7 +926,13 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     assert res["after_start"]["served-x"]["concurrency"] == proof.SETTLE_CONCURRENCY
     # both read the instance's counters; the router's rows went to the instance
     assert [b["metrics_url"] for b in benched[1:]] == [[f"http://127.0.0.1:{inst}"]] * 2
-    assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * 3
+    # three rows and, through the router, one request of each sampling clients send
+    assert requests.read_text().splitlines() == [f"{inst} /v1/completions"] * (
+        3 + len(proof.SAMPLINGS))
+    assert [(c["name"], c["ok"], c["serving_after"])
+            for c in res["sampling_checks"]["served-x"]] == [
+        (name, True, True) for name, _ in proof.SAMPLINGS]
+    assert {b["sampling"] for b in benched} == {"checkpoint"}
     assert set(res["runs"]) == {"served-x", "served-x-direct"}
     assert "--policy round_robin" in res["commands"]["served-x"]["router_argv"]  # auto, one instance
     assert {"served-x", "served-x-router"} <= set(res["ready_s"])
@@ -1675,3 +1683,69 @@ def test_a_bar_past_the_longest_length_measured_is_beyond_it() -> None:
     assert got[(1, 3.0)]["status"] == "interpolated"
     del res["runs"]["vanilla-fp8-top"]  # no vanilla row at c=64: no bar there
     assert (64, 1.5) not in {(n["concurrency"], n["bar"]) for n in proof.acceptance_needed(res)}
+
+
+# Stands in for vLLM 0.26 on a machine without nvcc, its default sampler on: a request that
+# filters (top-p, top-k) without a seed sends the engine into FlashInfer's build, which fails,
+# and the server answers 500 and exits.
+STANDIN_NO_NVCC = r'''#!/usr/bin/env python3
+import http.server, json, os, sys
+port = int(sys.argv[1])
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def _send(self, code, body):
+        b = json.dumps(body).encode()
+        self.send_response(code); self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(b))); self.end_headers(); self.wfile.write(b)
+        self.wfile.flush()
+    def do_GET(self):
+        self._send(200, {})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        filters = req.get("top_p", 1) < 1 or req.get("top_k")
+        if filters and "seed" not in req and req.get("temperature", 1) > 0:
+            self._send(500, {"error": "EngineDeadError: Could not find nvcc"})
+            os._exit(1)
+        self._send(200, {"choices": [{"text": "x"}], "usage": {"completion_tokens": req["max_tokens"]}})
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def test_sampling_checks_stop_at_the_request_that_stopped_the_server(tmp_path: Path) -> None:
+    """A plain request (the checkpoint's top_p 0.9) kills this server: the checks name it, see it
+    down, and send nothing more."""
+    script = tmp_path / "server"
+    script.write_text(STANDIN_NO_NVCC)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(script), str(port)])
+    try:
+        for _ in range(100):
+            if proof.serving(port):
+                break
+            time.sleep(0.05)
+        rows = proof.sampling_checks(f"http://127.0.0.1:{port}", "m",
+                                     {"temperature": 0.6, "top_p": 0.9}, port)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [(r["name"], r["ok"]) for r in rows] == [
+        ("greedy", True), ("checkpoint", False), ("top-k", False), ("top-p-seeded", False),
+        ("min-p", False)]
+    assert rows[0]["tokens"] == 32 and rows[0]["serving_after"]
+    assert rows[1]["params"] == {"temperature": 0.6, "top_p": 0.9}
+    assert rows[1]["error"].startswith("HTTP 500") and "nvcc" in rows[1]["error"]
+    assert rows[1]["serving_after"] is False
+    assert all(r["error"] == "not sent: the server had stopped" for r in rows[2:])
+
+
+def test_servers_find_no_cuda_compiler(tmp_path: Path) -> None:
+    """The image has no nvcc; a proof server must not find the GPU machine's."""
+    cuda = tmp_path / "cuda" / "bin"
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").touch()
+    env = proof.without_cuda_compiler({"PATH": f"/usr/bin:{cuda}:/bin", "CUDA_HOME": "/x",
+                                       "OTHER": "1"})
+    assert env["PATH"] == "/usr/bin:/bin" and env["OTHER"] == "1"
+    assert env["CUDA_HOME"] == env["CUDA_PATH"] == proof.NO_CUDA_HOME
+    assert not Path(proof.NO_CUDA_HOME).exists()

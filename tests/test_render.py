@@ -89,6 +89,16 @@ def test_h100_instance_flags(tmp_path):
     assert "INFERENCE_IMAGE_EARLY_FIRST_TOKEN=1\n" in env  # serving.early_first_token
 
 
+def test_gpu_instances_sample_without_a_compiler(tmp_path):
+    """FlashInfer's top-p sampler compiles itself with nvcc at first use; no image has nvcc."""
+    for tier in ("h100", "h200", "h100x8", "l40s", "cpu"):
+        out = tmp_path / tier
+        render(resolve(tier, ROOT / "profiles"), out)
+        for env_file in (out / "etc/inference-image/units").glob("vllm-*.env"):
+            lines = env_file.read_text().splitlines()
+            assert ("VLLM_USE_FLASHINFER_SAMPLER=0" in lines) == (tier != "cpu"), env_file
+
+
 def test_prompt_lookup_on_the_gpu_renders_without_a_draft(tmp_path):
     r = resolve("h100", ROOT / "profiles", overrides=["model.speculative.method=ngram_gpu",
                                                       "model.speculative.draft=null"])

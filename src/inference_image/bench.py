@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,11 +68,13 @@ def run_seed(seed: int, sc: Scenario, c: int) -> int:
 def bench_args(
     url: str, model: str, tokenizer: str | None, sc: Scenario, c: int, per: int, seed: int,
     result_dir: Path, result_file: str, floor: int = MIN_PROMPTS, warmup: bool = False,
-    output_len: int | None = None,
+    output_len: int | None = None, sampling: Mapping[str, float] | None = None,
 ) -> list[str]:
     """What follows `vllm bench serve` for one scenario at one concurrency; `warmup`: the run
     before it (min(c, 4) prompts of another seed, nothing saved), so that the measured run sends
-    only its own prompts; `output_len`: a warm-up's answers, when shorter than the scenario's."""
+    only its own prompts; `output_len`: a warm-up's answers, when shorter than the scenario's;
+    `sampling`: temperature, top_p, top_k sent with every request (none: the server's defaults,
+    which vLLM 0.26 reads from the checkpoint's generation_config.json)."""
     n = min(c, 4) if warmup else num_prompts(c, per, floor)
     out = min(output_len, sc.output_len) if warmup and output_len else sc.output_len
     args = ["--backend", "vllm", "--base-url", url,
@@ -92,6 +94,8 @@ def bench_args(
                  "--save-detailed"]
     if sc.prefix_len:
         args += ["--random-prefix-len", str(sc.prefix_len)]
+    for key, value in sorted((sampling or {}).items()):
+        args += [f"--{key.replace('_', '-')}", str(int(value) if key == "top_k" else value)]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     return args
@@ -236,7 +240,7 @@ def run(
     config: str, vllm_cmd: list[str], per: int = 4, seed: int = 0, hourly_usd: float = 0.0,
     timeout_s: int = 1800, log: Path | None = None, vllm_python: str | None = None,
     partial: Path | None = None, min_prompts: int = MIN_PROMPTS,
-    metrics_url: str | Sequence[str] | None = None,
+    metrics_url: str | Sequence[str] | None = None, sampling: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Each row is a warm-up run (prompts of its own) and then the measured run.
     vllm_python: run the whole plan in one process of that interpreter (it must import vllm)
@@ -245,11 +249,12 @@ def run(
     metrics_url: a vLLM server whose /metrics is read before and after every measured run, so
     that each row carries the share of prompt tokens its prefix cache served and, where the
     server speculates, the acceptance length and draft acceptance rate of that run alone; or
-    several, every instance behind a router, their counters summed."""
+    several, every instance behind a router, their counters summed. sampling: bench_args'."""
     rows: list[dict[str, Any]] = []
     meta = {"url": url, "model": model, "config": config, "seed": seed,
             "prompts_per_concurrency": per, "min_prompts": min_prompts, "hourly_usd": hourly_usd,
             "tool": "vllm bench serve", "ignore_eos": True, "one_process": bool(vllm_python),
+            "sampling": dict(sampling or {}),
             "warmup": f"min(c, 4) prompts of seed + {WARMUP_SEED} before each row; whole answers "
                       f"before a scenario's first row, {WARMUP_SHORT_OUTPUT} tokens before the others"}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmpdir:
@@ -263,9 +268,10 @@ def run(
                 rs = run_seed(seed, sc, c)
                 plan.append((sc, c, None, bench_args(
                     url, model, tokenizer, sc, c, per, rs, tmp, fname, min_prompts, warmup=True,
-                    output_len=None if i == 0 else WARMUP_SHORT_OUTPUT)))
+                    output_len=None if i == 0 else WARMUP_SHORT_OUTPUT, sampling=sampling)))
                 plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, rs,
-                                                      tmp, fname, min_prompts)))
+                                                      tmp, fname, min_prompts,
+                                                      sampling=sampling)))
         n_rows = len(plan) // 2
         _progress(0, n_rows, f"{plan[0][0].name} c={plan[0][1]}")
         runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
@@ -287,6 +293,8 @@ def run(
                                      f"Fix: check that {url} serves {model!r}"
                                      + (f" (requests' errors: {log})" if log else ""))
                 row["wall_s"] = round(wall, 1)
+                if sampling:  # none: the server's defaults
+                    row["sampling"] = dict(sampling)
                 row["usd_per_mtok"] = cost_per_mtok(hourly_usd, row["output_tok_s"])
                 if metrics_url:
                     now = engine_counters(metrics_url)

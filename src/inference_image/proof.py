@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +70,8 @@ RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start")
 FP8_TABLE_ENV = "INFERENCE_IMAGE_FP8_TABLE"
 # Step.fp8_table's one value: the table `tune` wrote under --out, measured on this GPU
 FP8_TABLES = ("tuned",)
+# Step.sampling's values: whose sampling defaults the bench rows send
+SAMPLING_SOURCES = ("checkpoint", "vllm")
 TUNED_TABLE = "fp8-table.json"
 
 
@@ -87,6 +90,8 @@ def step_problem(step: Step) -> str | None:
     if step.prompt_tokens and step.first_token_prefix >= step.prompt_tokens:
         return (f"first_token_prefix: {step.first_token_prefix} leaves nothing new of a "
                 f"{step.prompt_tokens}-token prompt to read; make it shorter than the prompt")
+    if step.sampling not in SAMPLING_SOURCES:
+        return f"sampling: {step.sampling!r} is not one of {', '.join(SAMPLING_SOURCES)}"
     if step.fp8_table and step.kind not in RENDERED:
         return (f"fp8_table: only {', '.join(RENDERED)} steps serve the profile's FP8 table; "
                 "drop it from this step")
@@ -179,6 +184,11 @@ class Step:
     # "": the plugin's packaged FP8 table, as the image ships it; "tuned": the table `tune` measured
     # on this GPU (run 28 priced one against the other on one machine)
     fp8_table: str = ""
+    # how the step's bench rows sample: "checkpoint", the target's generation_config.json
+    # (catalog generation_defaults), what a request that sets none gets on the image and every
+    # row since run 50 sampled at; "vllm", vLLM's own (temperature 1, no top-p or top-k): the
+    # stand-ins' config, which every row before run 50 sampled at
+    sampling: str = "checkpoint"
 
     def name(self) -> str:
         return self.label or self.kind
@@ -503,6 +513,22 @@ def compiled_into(cache: Path) -> bool:
     return compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
 
 
+# Where a proof server looks for CUDA's compiler: nowhere that exists (without_cuda_compiler)
+NO_CUDA_HOME = "/nonexistent/cuda"
+
+
+def without_cuda_compiler(env: dict[str, str]) -> dict[str, str]:
+    """`env` as the image's servers have it: no CUDA compiler. torch's wheels bring CUDA's
+    libraries, not nvcc, and no role installs a toolkit; the GPU machines the proof runs on have
+    one. vLLM 0.26 turns FlashInfer's kernels on where it finds nvcc (`has_flashinfer`: its
+    all-reduce fusion at TP>1, among others), and FlashInfer builds its kernels with it at their
+    first use: a proof server that found it would serve otherwise than the image."""
+    path = [d for d in env.get("PATH", "").split(os.pathsep)
+            if d and not (Path(d) / "nvcc").exists()]
+    return {**env, "PATH": os.pathsep.join(path), "CUDA_HOME": NO_CUDA_HOME,
+            "CUDA_PATH": NO_CUDA_HOME}
+
+
 def start(argv: list[str], env: dict[str, str], log: Path, port: int,
           cpus: frozenset[int] | None = None) -> Server:
     """`cpus`: the server's processes run on these CPUs only (their children inherit them)."""
@@ -510,7 +536,8 @@ def start(argv: list[str], env: dict[str, str], log: Path, port: int,
         raise ProofError(f"port {port} already serves: stop that server first (a run cut off by "
                          "a time limit leaves one behind)")
     fh = log.open("wb")
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, env=without_cuda_compiler({**os.environ, **env}),
+                            stdout=fh, stderr=subprocess.STDOUT,
                             start_new_session=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     return Server(proc, port, log, time.monotonic())
@@ -548,6 +575,56 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
             ch = json.loads(resp.read())["choices"][0]
         res.append({"prompt": p, "text": ch["text"]})
     return res
+
+
+# What clients send beside greedy, one request each (sampling_checks): vLLM 0.26 takes a
+# request that filters (top-p, top-k) and sets no seed to FlashInfer's sampler on these GPUs
+# unless told otherwise, a seeded one to its own. "checkpoint": the target's generation_config
+# sampling (catalog generation_defaults), what a request that sets none is served with.
+SAMPLINGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("greedy", {"temperature": 0}),
+    ("checkpoint", {}),
+    ("top-k", {"temperature": 1.0, "top_k": 40}),
+    ("top-p-seeded", {"temperature": 0.8, "top_p": 0.95, "seed": 7}),
+    ("min-p", {"temperature": 1.0, "min_p": 0.1}))
+SAMPLING_TIMEOUT_S = 180  # a FlashInfer build at first use takes tens of seconds where it can
+
+
+def sampling_checks(url: str, model: str, defaults: dict[str, float],
+                    port: int) -> list[dict[str, Any]]:
+    """Each of SAMPLINGS once (32 tokens), and whether the server still answers /health after
+    it; after one it does not, the rest are not sent. A request refused with a 4xx that leaves
+    the server up is recorded as refused (vLLM 0.26 takes no min_p beside speculative decoding).
+    No proof checked anything but greedy before run 50, whose h100 render, its sampler left to
+    vLLM, did not start where FlashInfer was installed and nvcc was not, as on the image."""
+    rows: list[dict[str, Any]] = []
+    for i, (name, fields) in enumerate(SAMPLINGS):
+        params = {**(defaults if name == "checkpoint" else {}), **fields}
+        row: dict[str, Any] = {"name": name, "params": params}
+        if rows and not rows[-1]["serving_after"]:
+            rows.append({**row, "ok": False, "error": "not sent: the server had stopped",
+                         "serving_after": False})
+            continue
+        body = json.dumps({"model": model, "prompt": PROMPTS[i % len(PROMPTS)],
+                           "max_tokens": 32, **params}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=SAMPLING_TIMEOUT_S) as resp:
+                usage = json.loads(resp.read()).get("usage") or {}
+            row.update(ok=True, tokens=usage.get("completion_tokens"))
+        except urllib.error.HTTPError as exc:
+            # a 4xx names what the server does not take and leaves it serving (vLLM 0.26 refuses
+            # min_p beside speculative decoding); a 5xx is the server's own failure
+            row.update(ok=False, refused=exc.code < 500, error=f"HTTP {exc.code}: "
+                       f"{exc.read().decode(errors='replace')[:300]}")
+        except OSError as exc:
+            row.update(ok=False, error=str(exc)[:300])
+        row["s"] = round(time.perf_counter() - t0, 2)
+        row["serving_after"] = serving(port)
+        rows.append(row)
+    return rows
 
 
 def random_ids(rng: random.Random, n: int) -> list[int]:
@@ -1135,7 +1212,8 @@ class Runner:
         self.results["models"] = make_models(self.model_dir)
 
     def _bench(self, label: str, port: int, model: str, conc: tuple[int, ...],
-               r: Resolved | None, scenarios: tuple[str, ...] = ()) -> None:
+               r: Resolved | None, scenarios: tuple[str, ...] = (),
+               sampling: str = "checkpoint") -> None:
         url = f"http://127.0.0.1:{port}"
         before = engine_counters(url)
         partial = self.work / "bench" / f"{label}.json"
@@ -1143,7 +1221,8 @@ class Runner:
         partial.unlink(missing_ok=True)
         try:
             rows = self._bench_rows(label, port, model, list(conc or self.plan.concurrency), r,
-                                    scenarios, metrics_url=url, partial=partial)
+                                    scenarios, metrics_url=url, partial=partial,
+                                    sampling=sampling)
         except BaseException:
             # A failed or cut-off bench keeps the rows it finished, marked partial.
             if partial.exists():
@@ -1155,9 +1234,12 @@ class Runner:
         self.results.setdefault("spec_total", {})[label] = acceptance(before, engine_counters(url))
 
     def _bench_rows(self, label: str, port: int, model: str, conc: list[int], r: Resolved | None,
-                    scenarios: tuple[str, ...] = (), **extra: Any) -> list[dict[str, Any]]:
+                    scenarios: tuple[str, ...] = (), sampling: str = "checkpoint",
+                    **extra: Any) -> list[dict[str, Any]]:
         """bench's rows for the server on `port` (chat unless `scenarios` names others), run the
-        way every proof step runs them."""
+        way every proof step runs them; `sampling`: Step.sampling. The stand-ins' configs carry no
+        sampling, so the rows send the checkpoint's where it is the source: what the image, which
+        serves the real checkpoint, samples a request that sets none with."""
         gpus_benched = 0
         if r is not None:
             insts = r.instances if port == r.profile.router.internal_port else [
@@ -1172,6 +1254,8 @@ class Runner:
                          # one instance's GPUs (the served step's router rows: all of them)
                          hourly_usd=(r.profile.digitalocean.price_per_gpu_hour * gpus_benched
                                      if r else 0.0),
+                         sampling=(self.resolved().target.generation_defaults
+                                   if sampling == "checkpoint" else {}),
                          **extra)["runs"]
 
     def _start(self, label: str, argv: list[str], env: dict[str, str], port: int) -> Server:
@@ -1201,10 +1285,12 @@ class Runner:
             self._phase("the greedy check")
             self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
                                                                   model)
+            self._phase("the sampling checks")
+            self._sampling_checks(label, port, model)
             self._phase("the row after the start")
             self._settle(label, port, model, r)
             self._phase("the bench rows")
-            self._bench(label, port, model, step.concurrency, r, step.scenarios)
+            self._bench(label, port, model, step.concurrency, r, step.scenarios, step.sampling)
             if step.prompt_tokens:
                 self._phase("the first-token probes")
                 probe = first_token_probes(f"http://127.0.0.1:{port}", model, step.prompt_tokens,
@@ -1220,6 +1306,17 @@ class Runner:
             self._phase("stopping the server")
             srv.stop()
             self.results.setdefault("backends", {})[label] = backends(srv.log)
+
+    def _sampling_checks(self, label: str, port: int, model: str) -> None:
+        checks = sampling_checks(f"http://127.0.0.1:{port}", model,
+                                 self.resolved().target.generation_defaults, port)
+        self.results.setdefault("sampling_checks", {})[label] = checks
+        failed = [c for c in checks if not c["ok"] and not (c.get("refused") and
+                                                            c["serving_after"])]
+        if failed:
+            raise ProofError(f"{label}: {len(failed)} of {len(checks)} sampling requests failed, "
+                             f"first {failed[0]['name']} {failed[0]['params']}: "
+                             f"{failed[0]['error']}")
 
     def _settle(self, label: str, port: int, model: str, r: Resolved | None) -> None:
         """A server's first requests after its start are slower than the rest, the image's more
@@ -1249,8 +1346,12 @@ class Runner:
                 "--served-model-name", name, "--port", str(port), *step.args]
         # the profile steps' shape (a dict with its argv as one shell line): the summary table
         # reads every step's entry alike, and a list here crashed it after run 26's vanilla step
-        self.results.setdefault("commands", {})[step.name()] = {"sets": [], "argv": shlex.join(argv)}
-        self._serve(step.name(), argv, self._cache_env(cache), port, name, step, None, cache)
+        # vLLM's own top-p sampler, as the image's servers run (render.vllm_env): its default,
+        # FlashInfer's, builds itself with nvcc, which neither the image nor a proof server has
+        env = {**self._cache_env(cache), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+        self.results.setdefault("commands", {})[step.name()] = {
+            "sets": [], "argv": shlex.join(argv), "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}}
+        self._serve(step.name(), argv, env, port, name, step, None, cache)
 
     def _plugin(self, env_file: Path | None) -> None:
         """A render that turns the project's vLLM plugin on needs it installed beside vLLM, or
@@ -1422,7 +1523,7 @@ class Runner:
                     for c in cs:
                         # every instance at c/n at the same time; a failed bench raises here
                         parts = [pool.submit(self._bench_rows, f"{label}-{i.name}-{sc}-c{c}",
-                                             i.port, model, [c // n], r, (sc,))
+                                             i.port, model, [c // n], r, (sc,), step.sampling)
                                  for i in r.instances]
                         rows.append(sum_rows(c, [f.result()[0] for f in parts]))
             self.results.setdefault("runs", {})[label] = rows
@@ -1465,13 +1566,15 @@ class Runner:
             # every instance's counters, summed: the router decides which served a request
             metrics = [f"http://127.0.0.1:{i.port}" for i in r.instances]
             self._settle(label, rport, model, r)
+            self._sampling_checks(label, rport, model)
             runs = self.results.setdefault("runs", {})
             if one:
                 runs[f"{label}-direct"] = self._bench_rows(
-                    f"{label}-direct", one, model, conc, r, step.scenarios,
+                    f"{label}-direct", one, model, conc, r, step.scenarios, step.sampling,
                     metrics_url=metrics)
             runs[label] = self._bench_rows(label, rport, model, conc, r, step.scenarios,
-                                           metrics_url=metrics, seed=SERVED_SEED)
+                                           step.sampling, metrics_url=metrics,
+                                           seed=SERVED_SEED)
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
         finally:
@@ -1741,13 +1844,21 @@ class Runner:
         print(assemble(self.results, self.resolved()))
 
 
-def vanilla_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """Vanilla's row per (scenario, concurrency), from whichever vanilla step served it (run 22
-    split vanilla by scenario: -sum, -lf; run 44 by concurrency); the first label's row wins."""
-    van: dict[tuple[str, int], dict[str, Any]] = {}
+def row_key(x: dict[str, Any]) -> tuple[str, int, str]:
+    """A row's scenario, concurrency and how its requests sampled (rows before run 50 carry no
+    sampling: vLLM's defaults, as a row sent with none): what a row is set against vanilla by."""
+    return (x.get("scenario", "chat"), x["concurrency"],
+            json.dumps(x.get("sampling") or {}, sort_keys=True))
+
+
+def vanilla_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int, str],
+                                                                 dict[str, Any]]:
+    """Vanilla's row per row_key, from whichever vanilla step served it (run 22 split vanilla by
+    scenario: -sum, -lf; run 44 by concurrency); the first label's row wins."""
+    van: dict[tuple[str, int, str], dict[str, Any]] = {}
     for cfg in (c for c in runs if c.startswith("vanilla")):
         for x in runs[cfg]:
-            van.setdefault((x.get("scenario", "chat"), x["concurrency"]), x)
+            van.setdefault(row_key(x), x)
     return van
 
 
@@ -1770,7 +1881,7 @@ def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
         # keyed by the acceptance each step set, not the one it measured: two steps at the same
         # set length (run 45's row and its repeat, 1.837 and 1.841 measured) are one length twice,
         # and a line between them would be noise
-        points: dict[tuple[str, int], dict[Any, list[tuple[float, float]]]] = {}
+        points: dict[tuple[str, int, str], dict[Any, list[tuple[float, float]]]] = {}
         for cfg in cfgs:
             cmd = commands[cfg]
             for x in runs[cfg]:
@@ -1778,10 +1889,9 @@ def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
                     al = float(x["acceptance_length"])
                     set_to = (cmd.get("acceptance_length") or tuple(cmd.get("acceptance_rates") or ())
                               or round(al, 2))
-                    key = (x.get("scenario", "chat"), x["concurrency"])
-                    points.setdefault(key, {}).setdefault(set_to, []).append((al, x["output_tok_s"]))
-        for (sc, c), by_set in sorted(points.items()):
-            v = van.get((sc, c))
+                    points.setdefault(row_key(x), {}).setdefault(set_to, []).append((al, x["output_tok_s"]))
+        for (sc, c, smp), by_set in sorted(points.items()):
+            v = van.get((sc, c, smp))
             if not v or not v["output_tok_s"] or len(by_set) < 2:
                 continue
             pts = sorted((round(statistics.fmean(a for a, _ in xs), 3),
@@ -1842,7 +1952,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     for cfg, rows in runs.items():
         for x in rows:
             sc = x.get("scenario", "chat")
-            v = van.get((sc, x["concurrency"]))
+            v = van.get(row_key(x))
             ratio = x["output_tok_s"] / v["output_tok_s"] if v and v["output_tok_s"] else 0
             al, share = x.get("acceptance_length"), x.get("drafted_step_share")
             name = cfg if sc == "chat" else f"{cfg} [{sc}]"
@@ -2036,7 +2146,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                 concurrency=tuple(args.step_concurrency or ()),
                 prompt_tokens=args.first_token_prompt,
                 first_token_prefix=args.first_token_prefix, fp8_scales=args.fp8_scales or "",
-                client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "")
+                client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "",
+                sampling=args.sampling)
     if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
@@ -2211,6 +2322,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fp8-table", choices=list(FP8_TABLES),
                    help="serve the FP8 GEMM table `tune` measured on this GPU (under --out) "
                    "instead of the one the image ships (steps that serve the profile)")
+    p.add_argument("--sampling", choices=list(SAMPLING_SOURCES), default="checkpoint",
+                   help="how the bench rows sample: checkpoint (default), the target's "
+                   "generation_config, as the image serves a request that sets none; vllm, "
+                   "vLLM's own defaults (no top-p), as every row before run 50")
     p.add_argument("--fp8-scales", choices=list(FP8_STANDIN),
                    help="serve the target's FP8 stand-in scaled this way instead of as the "
                    "catalog's checkpoint (profile, trace: price a checkpoint of that kind)")

@@ -84,6 +84,12 @@ class CatalogModel(Strict):
                                                  "when acceptance_length was measured")
     acceptance_source: str | None = Field(None, description="where the figures were published, "
                                           "on which dataset and settings")
+    # The checkpoint's generation_config.json sampling defaults: vLLM applies them to every
+    # request that sets none (--generation-config auto), so they are what a client's plain
+    # request samples with on the image. The proof's stand-ins carry them for the same reason.
+    generation_defaults: dict[Literal["temperature", "top_p", "top_k"], float] = Field(
+        default_factory=dict, description="the sampling the checkpoint's generation_config.json "
+        "sets (temperature, top_p, top_k); empty: vLLM's own (temperature 1, no top-p or top-k)")
 
     def config_shape(self) -> dict[str, Any]:
         """The shapes under the names a model's config.json gives them: the render's check of an

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 19d8e4b0215150638d0f03d764bf1372db22babf8c397063345183d7057d65bf): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 1218cd9f58be1ab8bed6c0bef2c2332b51dd6d7e2e6c6da148ffabb39be73934): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "19d8e4b0215150638d0f03d764bf1372db22babf8c397063345183d7057d65bf"
+profile_sha256 = "1218cd9f58be1ab8bed6c0bef2c2332b51dd6d7e2e6c6da148ffabb39be73934"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

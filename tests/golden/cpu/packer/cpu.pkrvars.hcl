@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 7568eed4429bb0d91687d7f67aaf6c1fb7346dc753ede3761a7b0cd968d2e7c8): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 a6ae680e7205fc6bb0fc813949f794c6f8a152f174fc8076a5ac201d3a9b6930): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "7568eed4429bb0d91687d7f67aaf6c1fb7346dc753ede3761a7b0cd968d2e7c8"
+profile_sha256 = "a6ae680e7205fc6bb0fc813949f794c6f8a152f174fc8076a5ac201d3a9b6930"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 bd9fd93cfcb42ad448dddbdbd0922acc0059c9f72dd9f453ebbb86f6147ac0ae): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 444ac3aca25414a88869d63423aafe869b4085ca841a56706f259cbd7986e101): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "bd9fd93cfcb42ad448dddbdbd0922acc0059c9f72dd9f453ebbb86f6147ac0ae"
+profile_sha256 = "444ac3aca25414a88869d63423aafe869b4085ca841a56706f259cbd7986e101"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

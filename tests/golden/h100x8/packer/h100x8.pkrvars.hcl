@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 adb2c60443aa2c62ee098fde4f98930a65c75e061267d55d5123430d9badcc3c): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 fd09622aec6b2423519f1bada6f65378f33e2dae2dab4f7ec679a3e608d2f2f8): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "adb2c60443aa2c62ee098fde4f98930a65c75e061267d55d5123430d9badcc3c"
+profile_sha256 = "fd09622aec6b2423519f1bada6f65378f33e2dae2dab4f7ec679a3e608d2f2f8"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 038665bd62545657bda787ae0c41d689c9cfb93196cd3e0a8d7d256940123cc8): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 6edfd057002510ad1d8c85b524b8654812bbdedfc0f7f479739c9a87c5d6dcfa): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "038665bd62545657bda787ae0c41d689c9cfb93196cd3e0a8d7d256940123cc8"
+profile_sha256 = "6edfd057002510ad1d8c85b524b8654812bbdedfc0f7f479739c9a87c5d6dcfa"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
