@@ -938,6 +938,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     assert {"served-x", "served-x-router"} <= set(res["ready_s"])
     table = proof.assemble(res, resolve("cpu"))
     assert "ready served-x-router: " in table and "after start served-x: c=4 " in table
+    assert f"sampling served-x: answered {', '.join(n for n, _ in proof.SAMPLINGS)}" in table
     # everything it started is stopped
     assert not proof.serving(inst) and not proof.serving(internal)
 

@@ -2008,6 +2008,12 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
                      f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
     for cfg, s in res.get("ready_s", {}).items():
         lines.append(f"ready {cfg}: {s['s']} s ({s['compile_cache']} compile cache)")
+    for cfg, checks in res.get("sampling_checks", {}).items():
+        answered = [c["name"] for c in checks if c["ok"]]
+        others = "; ".join(f"{c['name']} {'refused' if c.get('refused') else 'FAILED'}: "
+                           f"{(c.get('error') or '')[:90]}" for c in checks if not c["ok"])
+        lines.append(f"sampling {cfg}: answered {', '.join(answered) or 'none'}"
+                     + (f"; {others}" if others else ""))
     lines += attention_lines(res.get("attention") or [])
     for cfg, why in res.get("failed", {}).items():
         lines.append(f"FAILED {cfg}: {why.splitlines()[0][:150]}")
