@@ -1723,8 +1723,7 @@ def test_sampling_checks_stop_at_the_request_that_stopped_the_server(tmp_path: P
             if proof.serving(port):
                 break
             time.sleep(0.05)
-        rows = proof.sampling_checks(f"http://127.0.0.1:{port}", "m",
-                                     {"temperature": 0.6, "top_p": 0.9}, port)
+        rows = proof.sampling_checks(port, "m", {"temperature": 0.6, "top_p": 0.9})
     finally:
         proc.kill()
         proc.wait()

@@ -51,7 +51,7 @@ from .profiles import (
     project_root,
     resolve,
 )
-from .render import render
+from .render import NATIVE_SAMPLER, render
 from .schema import acceptance_problem, bad_scenario_spec, scenario_spec
 from .trace import middle
 
@@ -590,11 +590,11 @@ SAMPLINGS: tuple[tuple[str, dict[str, Any]], ...] = (
 SAMPLING_TIMEOUT_S = 180  # a FlashInfer build at first use takes tens of seconds where it can
 
 
-def sampling_checks(url: str, model: str, defaults: dict[str, float],
-                    port: int) -> list[dict[str, Any]]:
-    """Each of SAMPLINGS once (32 tokens), and whether the server still answers /health after
-    it; after one it does not, the rest are not sent. A request refused with a 4xx that leaves
-    the server up is recorded as refused (vLLM 0.26 takes no min_p beside speculative decoding).
+def sampling_checks(port: int, model: str, defaults: dict[str, float]) -> list[dict[str, Any]]:
+    """Each of SAMPLINGS once (32 tokens) to the server on `port`, and whether it still answers
+    /health after it; after one it does not, the rest are not sent. A request refused with a 4xx
+    that leaves the server up is recorded as refused (vLLM 0.26 takes no min_p beside
+    speculative decoding).
     No proof checked anything but greedy before run 50, whose h100 render, its sampler left to
     vLLM, did not start where FlashInfer was installed and nvcc was not, as on the image."""
     rows: list[dict[str, Any]] = []
@@ -607,7 +607,7 @@ def sampling_checks(url: str, model: str, defaults: dict[str, float],
             continue
         body = json.dumps({"model": model, "prompt": PROMPTS[i % len(PROMPTS)],
                            "max_tokens": 32, **params}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body,
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
         try:
@@ -1308,8 +1308,7 @@ class Runner:
             self.results.setdefault("backends", {})[label] = backends(srv.log)
 
     def _sampling_checks(self, label: str, port: int, model: str) -> None:
-        checks = sampling_checks(f"http://127.0.0.1:{port}", model,
-                                 self.resolved().target.generation_defaults, port)
+        checks = sampling_checks(port, model, self.resolved().target.generation_defaults)
         self.results.setdefault("sampling_checks", {})[label] = checks
         failed = [c for c in checks if not c["ok"] and not (c.get("refused") and
                                                             c["serving_after"])]
@@ -1348,9 +1347,9 @@ class Runner:
         # reads every step's entry alike, and a list here crashed it after run 26's vanilla step
         # vLLM's own top-p sampler, as the image's servers run (render.vllm_env): its default,
         # FlashInfer's, builds itself with nvcc, which neither the image nor a proof server has
-        env = {**self._cache_env(cache), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+        env = {**self._cache_env(cache), **NATIVE_SAMPLER}
         self.results.setdefault("commands", {})[step.name()] = {
-            "sets": [], "argv": shlex.join(argv), "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}}
+            "sets": [], "argv": shlex.join(argv), "env": dict(NATIVE_SAMPLER)}
         self._serve(step.name(), argv, env, port, name, step, None, cache)
 
     def _plugin(self, env_file: Path | None) -> None:

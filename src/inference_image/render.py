@@ -192,6 +192,14 @@ def draft_attends_otherwise(r: Resolved) -> bool:
         (t.num_attention_heads, t.num_kv_heads, t.head_dim)
 
 
+# vLLM 0.26 samples top-p and top-k with FlashInfer on NVIDIA GPUs (flashinfer-python is one of
+# its requirements), and FlashInfer builds that kernel with nvcc at its first use. The image has
+# no CUDA compiler (torch's wheels bring CUDA's libraries, not nvcc), and every GPU tier's start
+# warms that sampler up: without this the h100 render did not start (run 50). vLLM's own top-p
+# path needs no compiler. The proof's vanilla servers run it too.
+NATIVE_SAMPLER = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
 def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     p = r.profile
     weights = r.target.fp8_hub_id if p.model.quantization == "fp8-checkpoint" else r.target.hub_id
@@ -216,12 +224,7 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         env["DRAFT_PATH"] = model_path(p.model.speculative.draft)
     if r.is_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
-        # vLLM 0.26 samples top-p and top-k with FlashInfer on these GPUs (flashinfer-python is
-        # one of its requirements), and FlashInfer builds that kernel with nvcc at its first use.
-        # The image has no CUDA compiler (torch's wheels bring CUDA's libraries, not nvcc), and
-        # vLLM's start warms that sampler up: without this the engine did not start at all (run
-        # 50). vLLM's own top-p path needs no compiler.
-        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+        env.update(NATIVE_SAMPLER)
         if p.hardware.nvswitch:
             # NVLink multicast needs fabric manager state we cannot verify, in NCCL and in torch's
             # symmetric memory, whose all-reduce vLLM 0.26 takes by default where multicast

@@ -86,7 +86,8 @@ class CatalogModel(Strict):
                                           "on which dataset and settings")
     # The checkpoint's generation_config.json sampling defaults: vLLM applies them to every
     # request that sets none (--generation-config auto), so they are what a client's plain
-    # request samples with on the image. The proof's stand-ins carry them for the same reason.
+    # request samples with on the image. The proof's stand-ins' configs carry none, so its bench
+    # rows send these (proof.Step.sampling).
     generation_defaults: dict[Literal["temperature", "top_p", "top_k"], float] = Field(
         default_factory=dict, description="the sampling the checkpoint's generation_config.json "
         "sets (temperature, top_p, top_k); empty: vLLM's own (temperature 1, no top-p or top-k)")
