@@ -248,6 +248,7 @@ def test_a_row_two_vanilla_starts_served_is_set_against_the_faster() -> None:
              if ln.startswith("as-ships ")][-1]
     assert other[3] == "-"
 
+
 def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -> None:
     """70B bf16 (141 GB) does not fit one H200 below vLLM's 0.9 memory share: vanilla there is
     `vllm serve --quantization fp8`; on 8 H100s it fits in bf16 at TP=8. A tier that does not
