@@ -565,15 +565,19 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    de
            "return sorted(items, key=", "with open(path) as fh:"]
 
 
+def completion_request(url: str, body: dict[str, Any]) -> urllib.request.Request:
+    """A POST of `body` to the OpenAI completions route of the server at `url`."""
+    return urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"})
+
+
 def greedy(url: str, model: str) -> list[dict[str, Any]]:
     """Greedy completions of fixed prompts, one at a time: dummy weights are the same in every
     start, so a kernel or speculation change that alters the output shows as a changed token."""
     res = []
     for p in PROMPTS:
-        body = json.dumps({"model": model, "prompt": p, "max_tokens": 64, "temperature": 0,
-                           "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = completion_request(url, {"model": model, "prompt": p, "max_tokens": 64,
+                                       "temperature": 0, "ignore_eos": True})
         with urllib.request.urlopen(req, timeout=300) as resp:
             ch = json.loads(resp.read())["choices"][0]
         res.append({"prompt": p, "text": ch["text"]})
@@ -608,10 +612,8 @@ def sampling_checks(port: int, model: str, defaults: dict[str, float]) -> list[d
             rows.append({**row, "ok": False, "error": "not sent: the server had stopped",
                          "serving_after": False})
             continue
-        body = json.dumps({"model": model, "prompt": PROMPTS[i % len(PROMPTS)],
-                           "max_tokens": 32, **params}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = completion_request(f"http://127.0.0.1:{port}", {
+            "model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32, **params})
         t0 = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=SAMPLING_TIMEOUT_S) as resp:
@@ -641,8 +643,7 @@ def _stream(url: str, body: dict[str, Any], timeout_s: float = 300,
     """Send a streamed completion, read it to the end; ms to its first data line (None: none).
     on_first: called the moment that line arrives; stop: once set, the stream is closed at its
     next line (vLLM aborts a request whose client has gone)."""
-    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = completion_request(url, body)
     t0 = time.perf_counter()
     first = None
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -1288,9 +1289,6 @@ class Runner:
             self._phase("the greedy check")
             self.results.setdefault("greedy", {})[label] = greedy(f"http://127.0.0.1:{port}",
                                                                   model)
-            self._phase("the sampling checks")
-            self._sampling_checks(label, port, model)
-            self._phase("the row after the start")
             self._settle(label, port, model, r)
             self._phase("the bench rows")
             self._bench(label, port, model, step.concurrency, r, step.scenarios, step.sampling)
@@ -1325,7 +1323,12 @@ class Runner:
         than vanilla's (run 19: c=1 first gave the image +7.4 ms TTFT over vanilla, c=1 after c=4
         +1.7), and every row list starts at c=1. So before its rows each server answers one chat
         row at SETTLE_CONCURRENCY (c=4 until run 51, 8 since) on prompts of their own; its
-        figures are kept apart (`after_start`): what the first clients after a boot see."""
+        figures are kept apart (`after_start`): what the first clients after a boot see. Before
+        that it answers one request of each kind clients send (`sampling_checks`): every server
+        a step starts, an instance of a layout and a router's too."""
+        self._phase("the sampling checks")
+        self._sampling_checks(label, port, model)
+        self._phase("the row after the start")
         rows = self._bench_rows(f"{label}-after-start", port, model, [SETTLE_CONCURRENCY], r,
                                 ("chat",), seed=SETTLE_SEED)
         self.results.setdefault("after_start", {})[label] = rows[0]
@@ -1568,7 +1571,6 @@ class Runner:
             # every instance's counters, summed: the router decides which served a request
             metrics = [f"http://127.0.0.1:{i.port}" for i in r.instances]
             self._settle(label, rport, model, r)
-            self._sampling_checks(label, rport, model)
             runs = self.results.setdefault("runs", {})
             if one:
                 runs[f"{label}-direct"] = self._bench_rows(
