@@ -950,9 +950,10 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     # first a row the server answers before the measured ones (kept apart), then the instance's
     # rows, then the router's on other seeds
     assert [(b["label"], b["port"], b["seed"], b["conc"]) for b in benched] == [
-        ("served-x-after-start", internal, proof.SETTLE_SEED, [proof.SETTLE_CONCURRENCY]),
+        ("served-x-after-start", internal, proof.SETTLE_SEED, list(proof.SETTLE_CONCURRENCY)),
         ("served-x-direct", inst, 0, [1, 4]), ("served-x", internal, proof.SERVED_SEED, [1, 4])]
-    assert res["after_start"]["served-x"]["concurrency"] == proof.SETTLE_CONCURRENCY
+    assert res["after_start"]["served-x"]["concurrency"] == proof.SETTLE_CONCURRENCY[0]
+    assert [x["concurrency"] for x in res["settle"]["served-x"]] == [16]
     # both read the instance's counters; the router's rows went to the instance
     assert [b["metrics_url"] for b in benched[1:]] == [[f"http://127.0.0.1:{inst}"]] * 2
     # three rows and, through the router, one request of each sampling clients send
@@ -967,7 +968,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     assert {"served-x", "served-x-router"} <= set(res["ready_s"])
     table = proof.assemble(res, resolve("cpu"))
     assert "ready served-x-router: " in table
-    assert f"after start served-x: c={proof.SETTLE_CONCURRENCY} " in table
+    assert f"after start served-x: c={proof.SETTLE_CONCURRENCY[0]} " in table
     assert f"sampling served-x: answered {', '.join(n for n, _ in proof.SAMPLINGS)}" in table
     # everything it started is stopped
     assert not proof.serving(inst) and not proof.serving(internal)

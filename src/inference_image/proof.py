@@ -476,8 +476,11 @@ SERVED_SEED = 500
 # measured row's seed (seed + c, c <= 64; 500 + c; scenarios from 1000). At c=8 a server that
 # decodes one token a step meets vLLM's Triton top-p kernel (8 rows and more; torch's sort
 # below) before its rows: run 51's vanilla, settled at c=4, built it inside its first c=16 row
-# (TTFT mean 1.6 s, 0.53 on a second start). A speculating server reaches 8 rows from c=2.
-SETTLE_SEED, SETTLE_CONCURRENCY = 700, 8
+# (TTFT mean 1.6 s, 0.53 on a second start). Then c=16: run 52's vanilla, settled at c=8 alone,
+# stalled once in its first c=16 row (15 of 16 first tokens at 3.2 s), likely a second build of
+# that kernel: Triton compiles an integer argument divisible by 16 (its BATCH_SIZE) apart, and
+# vLLM logs a kernel's build only once.
+SETTLE_SEED, SETTLE_CONCURRENCY = 700, (8, 16)
 # a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
 DECODE_WINDOW_S = 1.0
 # how often a finished trace is looked for: a file's size unchanged over one such wait
@@ -1322,16 +1325,18 @@ class Runner:
         """A server's first requests after its start are slower than the rest, the image's more
         than vanilla's (run 19: c=1 first gave the image +7.4 ms TTFT over vanilla, c=1 after c=4
         +1.7), and every row list starts at c=1. So before its rows each server answers one chat
-        row at SETTLE_CONCURRENCY (c=4 until run 51, 8 since) on prompts of their own; its
-        figures are kept apart (`after_start`): what the first clients after a boot see. Before
-        that it answers one request of each kind clients send (`sampling_checks`): every server
-        a step starts, an instance of a layout and a router's too."""
+        rows at SETTLE_CONCURRENCY (c=4 until run 51, 8 until run 52, then 8 and 16) on prompts
+        of their own; the first is kept apart (`after_start`): what the first clients after a
+        boot see; the others in `settle`. Before that it answers one request of each kind
+        clients send (`sampling_checks`): every server a step starts, an instance of a layout
+        and a router's too."""
         self._phase("the sampling checks")
         self._sampling_checks(label, port, model)
-        self._phase("the row after the start")
-        rows = self._bench_rows(f"{label}-after-start", port, model, [SETTLE_CONCURRENCY], r,
+        self._phase("the rows after the start")
+        rows = self._bench_rows(f"{label}-after-start", port, model, list(SETTLE_CONCURRENCY), r,
                                 ("chat",), seed=SETTLE_SEED)
         self.results.setdefault("after_start", {})[label] = rows[0]
+        self.results.setdefault("settle", {})[label] = rows[1:]
 
     def _cache_env(self, cache: Path) -> dict[str, str]:
         return {"VLLM_CACHE_ROOT": f"{cache}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
