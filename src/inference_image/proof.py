@@ -1324,7 +1324,7 @@ class Runner:
     def _settle(self, label: str, port: int, model: str, r: Resolved | None) -> None:
         """A server's first requests after its start are slower than the rest, the image's more
         than vanilla's (run 19: c=1 first gave the image +7.4 ms TTFT over vanilla, c=1 after c=4
-        +1.7), and every row list starts at c=1. So before its rows each server answers one chat
+        +1.7), and every row list starts at c=1. So before its rows each server answers chat
         rows at SETTLE_CONCURRENCY (c=4 until run 51, 8 until run 52, then 8 and 16) on prompts
         of their own; the first is kept apart (`after_start`): what the first clients after a
         boot see; the others in `settle`. Before that it answers one request of each kind
