@@ -969,6 +969,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     table = proof.assemble(res, resolve("cpu"))
     assert "ready served-x-router: " in table
     assert f"after start served-x: c={proof.SETTLE_CONCURRENCY[0]} " in table
+    assert "settle served-x: c=16 1.0 tok/s, TTFT mean 1.0 p99 1.0 ms" in table
     assert f"sampling served-x: answered {', '.join(n for n, _ in proof.SAMPLINGS)}" in table
     # everything it started is stopped
     assert not proof.serving(inst) and not proof.serving(internal)
