@@ -2019,11 +2019,11 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     # the warm-up rows: a kernel a server builds at its first batch of some size shows here as a
     # first-token tail (run 52's vanilla: 3.0 s at c=8), and a reader can tell whether the
     # measured rows still met one
-    for key, title in (("after_start", "after start"), ("settle", "settle")):
-        for cfg, got in res.get(key, {}).items():
-            for x in got if isinstance(got, list) else [got]:
-                lines.append(f"{title} {cfg}: c={x['concurrency']} {x['output_tok_s']:.1f} tok/s, "
-                             f"TTFT mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
+    warm = [("after start", cfg, x) for cfg, x in res.get("after_start", {}).items()]
+    warm += [("settle", cfg, x) for cfg, xs in res.get("settle", {}).items() for x in xs]
+    for title, cfg, x in warm:
+        lines.append(f"{title} {cfg}: c={x['concurrency']} {x['output_tok_s']:.1f} tok/s, TTFT "
+                     f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
     for cfg, s in res.get("ready_s", {}).items():
         lines.append(f"ready {cfg}: {s['s']} s ({s['compile_cache']} compile cache)")
     for cfg, checks in res.get("sampling_checks", {}).items():
