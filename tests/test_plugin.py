@@ -63,7 +63,7 @@ def assert_every_shape_covers_the_graph_sizes(path: Path) -> None:
 
 
 # each tier, and the tier on its GPU model with the largest step budget (tune's --prefill-to)
-@pytest.mark.parametrize(("tier", "budget_tier"), [("h100", "h100x8"), ("h200", "h200")])
+@pytest.mark.parametrize(("tier", "budget_tier"), [("h100", "h100x8"), ("h200", "h200"), ("h200x8", "h200")])
 def test_packaged_table_covers_the_shapes_and_steps_of_every_fp8_tier_on_its_gpu(
         tier, budget_tier, monkeypatch):
     """The table a tier's GPU picks (by name, else the architecture's) holds every FP8 GEMM shape

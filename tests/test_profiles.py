@@ -7,7 +7,7 @@ from conftest import ROOT, edit
 
 from inference_image.profiles import ProfileErrors, list_tiers, resolve
 
-TIERS = ["cpu", "cpu-2node", "h100", "h100x8", "h200", "l40s", "rtx4000ada", "rtx6000ada"]
+TIERS = ["cpu", "cpu-2node", "h100", "h100x8", "h200", "h200x8", "l40s", "rtx4000ada", "rtx6000ada"]
 
 
 def errors_of(tier: str, pdir: Path, **kw) -> list[str]:
@@ -30,8 +30,9 @@ def test_derived_capabilities():
     assert (cpu.fa3_available, cpu.fp8_available) == (False, False)
 
 
-def test_h100x8_is_four_instances_at_tp2_on_disjoint_gpus():
-    r = resolve("h100x8", ROOT / "profiles")
+@pytest.mark.parametrize("tier", ["h100x8", "h200x8"])
+def test_eight_gpu_tiers_are_four_instances_at_tp2_on_disjoint_gpus(tier):
+    r = resolve(tier, ROOT / "profiles")
     assert [i.gpu_ids for i in r.instances] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert [i.port for i in r.instances] == [8100, 8101, 8102, 8103]
 
@@ -47,7 +48,7 @@ def test_extends_merges_base_values_and_tier_wins():
 def test_unknown_tier_lists_valid_ones(pdir):
     (err,) = errors_of("h300", pdir)
     assert "unknown tier 'h300'" in err
-    assert "use one of: cpu, cpu-2node, h100, h100x8, h200, l40s, rtx4000ada, rtx6000ada" in err
+    assert "use one of: cpu, cpu-2node, h100, h100x8, h200, h200x8, l40s, rtx4000ada, rtx6000ada" in err
 
 
 def test_unknown_field_names_file_field_and_valid_fields(pdir):

@@ -506,15 +506,16 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
 
 def test_tune_measures_every_fp8_tier_on_the_gpu_model_it_runs_on(tmp_path: Path) -> None:
     """The table is picked by GPU name, so the tune on an H100 measures the h100 tier's 8B and the
-    h100x8 tier's 70B halved by TP=2 (tune splits it), whichever H100 tier asked; the H200 only
-    the 70B whole. Prefill rows are covered up to the largest step budget of those tiers (2048
-    each as shipped; an h100x8 given 8192 takes the H100's tune there for both H100 tiers). A
-    target without its MLP width in the catalog is one clear error."""
+    h100x8 tier's 70B halved by TP=2 (tune splits it), whichever H100 tier asked; the H200 the
+    h200 tier's 70B whole and the h200x8's halved. Prefill rows are covered up to the largest step
+    budget of those tiers (2048 each as shipped; an h100x8 given 8192 takes the H100's tune there
+    for both H100 tiers). A target without its MLP width in the catalog is one clear error."""
     h100 = ["--model", "4096,14336,32,8,128,1", "--model", "8192,28672,64,8,128,2"]
     assert proof.tune_models(resolve("h100")) == [*h100, "--prefill-to", "2048"]
     assert proof.tune_models(resolve("h100x8")) == [*h100[2:], *h100[:2], "--prefill-to", "2048"]
-    assert proof.tune_models(resolve("h200")) == ["--model", "8192,28672,64,8,128,1",
-                                                  "--prefill-to", "2048"]
+    h200 = ["--model", "8192,28672,64,8,128,1", "--model", "8192,28672,64,8,128,2"]
+    assert proof.tune_models(resolve("h200")) == [*h200, "--prefill-to", "2048"]
+    assert proof.tune_models(resolve("h200x8")) == [*h200[2:], *h200[:2], "--prefill-to", "2048"]
     pdir = tmp_path / "profiles"
     shutil.copytree(project_root() / "profiles", pdir)
     x8 = pdir / "h100x8.yaml"
@@ -557,7 +558,7 @@ def test_a_tuned_table_comes_back_in_proof_json(tmp_path: Path,
     doc = json.loads((mirror / "proof.json").read_text())
     tune = doc["tune"]
     assert tune["table_doc"] == json.loads((tmp_path / "pout" / "fp8-table.json").read_text())
-    assert tune["table_doc"]["models"] == ["8192,28672,64,8,128,1"]
+    assert tune["table_doc"]["models"] == ["8192,28672,64,8,128,1", "8192,28672,64,8,128,2"]
     assert tune["shapes"] == ["8192,8192"] and tune["report_doc"] == {"seconds": 1.0}
     assert "tune" not in doc.get("failed", {})
 
