@@ -3,7 +3,7 @@ DigitalOcean's Marketplace validation script (99-img-check.sh in digitalocean/ma
 written here from its list, one test per check, named after it. Run it between sysprep and the
 first boot (the molecule scenario does); on a booted machine it skips and says why (and verify
 fails a suite that passed nothing). A
-Packer build cannot reach the image over SSH once it is sealed (sysprep removed the keys), so there
+Packer build cannot reach the image over SSH once it is sealed (the seal removed the keys), so there
 the same list is checked on the machine by the sysprep role's inference-sysprep-check, which fails
 the build."""
 
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from conftest import pending_security_updates
 
+from inference_image.profiles import SUPPORTED_RELEASES
+
 pytestmark = pytest.mark.suite("marketplace")
 
-# (ID, VERSION_ID) of /etc/os-release that DigitalOcean's script accepts and this project builds on
-SUPPORTED_OS = {("debian", "12")}
 NO_LOGIN = {"/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false", "/bin/sync"}
 HISTORIES = (".bash_history", ".python_history", ".mysql_history", ".lesshst", ".viminfo",
              ".wget-hsts", ".sh_history", ".zsh_history")
@@ -46,8 +46,9 @@ def _login_users(root: Any) -> list[tuple[str, str]]:
 def test_checkOS_supported_release(root: Any) -> None:
     rel = dict(ln.split("=", 1) for ln in root.file("/etc/os-release").content_string.splitlines()
                if "=" in ln)
-    got = (rel.get("ID", "").strip('"'), rel.get("VERSION_ID", "").strip('"'))
-    assert got in SUPPORTED_OS, f"/etc/os-release says {got}; supported: {sorted(SUPPORTED_OS)}"
+    os_id, version = (rel.get(k, "").strip('"') for k in ("ID", "VERSION_ID"))
+    got = f"{os_id}:{version}"
+    assert got in SUPPORTED_RELEASES, f"/etc/os-release says {got}; supported: {SUPPORTED_RELEASES}"
 
 
 def test_checkCloudInit_installed(root: Any) -> None:
@@ -97,6 +98,25 @@ def test_checkTMP_empty(root: Any) -> None:
     # taken from a machine that is powered off)
     left = root.run("find /tmp /var/tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*'").stdout.split()
     assert not left, f"left in /tmp or /var/tmp: {left[:10]}"
+
+
+def test_checkRoot_and_checkUsers_password_field(root: Any) -> None:
+    """The script's own rule: root and every account from uid 1000 (but nobody, nfsnobody) has the
+    shadow password field "!", "!!" or "*"; anything else (a locked hash "!*" too) fails it."""
+    uids = {f[0]: int(f[2]) for f in (ln.split(":") for ln in
+                                      root.file("/etc/passwd").content_string.splitlines())
+            if len(f) >= 3 and f[2].isdigit()}
+    shadow = [ln.split(":") for ln in root.run("cat /etc/shadow").stdout.splitlines()]
+    bad = [f"{f[0]} ({f[1]!r})" for f in shadow if len(f) > 1 and f[0] in uids
+           and (f[0] == "root" or (uids[f[0]] >= 1000 and f[0] not in ("nobody", "nfsnobody")))
+           and f[1] not in ("!", "!!", "*")]
+    assert not bad, f"password fields DigitalOcean's check refuses (want !, !! or *): {bad}"
+
+
+def test_no_ssh_host_keys(root: Any) -> None:
+    """Each machine makes its own at first boot; the seal removes the build's."""
+    left = root.run("ls /etc/ssh/ | grep '^ssh_host_' || true").stdout.split()
+    assert not left, f"SSH host keys in the image: {left}"
 
 
 def test_checkRoot_and_checkUsers_no_password(root: Any) -> None:

@@ -57,7 +57,9 @@ source "qemu" "local" {
   ssh_username         = "root"
   ssh_private_key_file = var.ssh_private_key_file
   ssh_timeout          = "20m"
-  shutdown_command     = "shutdown -P now"
+  # The SSH host and build keys go in the same session as the power-off: sshd reads them for every
+  # new connection, and a new one after they are gone fails (docs/decisions.md#sealing-the-image).
+  shutdown_command     = "${var.seal_command} shutdown -P now"
   shutdown_timeout     = "10m"
 }
 
@@ -112,6 +114,13 @@ build {
     # One element without spaces: Packer 1.6.6 mangles anything longer. Host key checking is off
     # through ANSIBLE_HOST_KEY_CHECKING (a build machine is new every time).
     ansible_ssh_extra_args = ["-oUserKnownHostsFile=/dev/null"]
+  }
+
+  # DigitalOcean powers the droplet off through its API, so no SSH connection follows this one:
+  # the keys go here (qemu's shutdown_command does the same).
+  provisioner "shell" {
+    only   = ["digitalocean.droplet"]
+    inline = [var.seal_command]
   }
 
   post-processor "manifest" {

@@ -73,6 +73,11 @@ variable "user_data_file" {
   description = "cloud-init user-data with the build key (DigitalOcean user_data; the qemu seed)"
 }
 
+variable "seal_command" {
+  type        = string
+  description = "removes the SSH host and build keys, then runs its arguments (the power-off); from the render"
+}
+
 variable "serve_during_build" {
   type        = bool
   description = "start the stack while baking (warms the compile cache; false when baking without the tier's GPU)"

@@ -79,6 +79,29 @@ class ProfileErrors(Exception):
 
 
 @dataclass(frozen=True)
+class BaseOS:
+    """What a DigitalOcean base image is: /etc/os-release's ID and VERSION_ID, and the name Ansible
+    gives the distribution (ansible_facts['distribution'], which names the driver role's vars)."""
+    id: str
+    version_id: str
+    distribution: str
+
+    @property
+    def release(self) -> str:
+        return f"{self.id}:{self.version_id}"
+
+
+# The base images the roles support, by DigitalOcean slug. The local qemu build uses Debian 12's
+# (scripts/make-base-image), whatever the tier's droplet base is.
+BASE_IMAGES = {
+    "debian-12-x64": BaseOS("debian", "12", "Debian"),
+    "ubuntu-24-04-x64": BaseOS("ubuntu", "24.04", "Ubuntu"),
+}
+LOCAL_BASE_IMAGE = "debian-12-x64"
+SUPPORTED_RELEASES = tuple(sorted({b.release for b in BASE_IMAGES.values()}))
+
+
+@dataclass(frozen=True)
 class Instance:
     name: str
     index: int
@@ -437,6 +460,9 @@ def _check(
 
     hw, s, m = p.hardware, p.serving, p.model
     cc = hw.compute_capability
+    if p.digitalocean.base_image not in BASE_IMAGES:
+        err("digitalocean.base_image", f"{p.digitalocean.base_image!r} is not a base image the roles "
+            "support", f"use one of: {', '.join(BASE_IMAGES)}")
     known = ", ".join(catalog.models)
     target = catalog.models.get(m.target)
     if target is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import jinja2
 
-from .profiles import Instance, Resolved, project_root
+from .profiles import SUPPORTED_RELEASES, Instance, Resolved, project_root
 
 MARKER = ".inference-image-render"
 
@@ -52,6 +52,8 @@ PATHS = {
     "fleet": "/etc/inference-image/fleet.json",
     # a fleet worker registers its instances with the fleet's router (inference-join.timer)
     "join": "/usr/local/sbin/inference-join",
+    # the build's last command: SSH host and build keys go, then the power-off (sysprep installs it)
+    "seal": "/usr/local/sbin/inference-seal",
 }
 # a fleet worker's instance that is leaving its router (a file named by its port, from its
 # ExecStop until its next start): the join timer must not add it back while it drains. Beside the
@@ -411,6 +413,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "firewall_fleet_nodes": p.serving.nodes > 1,
         "firewall_table": FIREWALL_TABLE,
         "sysprep_machine_files": machine_files(),
+        "sysprep_supported_releases": list(SUPPORTED_RELEASES),
         "base_nofile_limit": LIMITS["nofile"],
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
         "inference_service_start": serve_during_build(r),

@@ -8,3 +8,5 @@ do_base_image  = "ubuntu-24-04-x64"
 vllm_version   = "0.26.0"
 # render.serve_during_build: baking on the tier's own machine lets the build start the stack.
 serve_during_build = false
+# the build's last command, in the session that powers the machine off (sysprep installs it)
+seal_command   = "/usr/local/sbin/inference-seal"
