@@ -1,7 +1,7 @@
 locals {
   image_name = var.snapshot_name != "" ? var.snapshot_name : "${var.tier}-${var.image_version}-${formatdate("YYYYMMDD-hhmm", timestamp())}"
   extra_vars = concat([
-    "-e", "@${var.render_dir}/ansible/extra-vars.json",
+    "-e", "@${var.render_dir}/ansible/extra-vars.yml",
     "-e", "inference_render_dir=${var.render_dir}",
     "-e", "inference_service_start=${var.serve_during_build}",
   ], flatten([for kv in var.ansible_extra_vars : ["-e", kv]]))
@@ -66,6 +66,13 @@ source "qemu" "local" {
 build {
   name    = "inference-image"
   sources = ["source.digitalocean.droplet", "source.qemu.local"]
+
+  # cloud-init is still configuring the new machine when Packer's first connection gets in, and its
+  # last stages restart sshd (ssh_pwauth): a connection opened then is reset (a fresh clone's
+  # qemu build, 2026-11-28). Ansible starts once cloud-init is done.
+  provisioner "shell" {
+    inline = ["cloud-init status --wait >/dev/null || cloud-init status --long"]
+  }
 
   # The whole serving host, from the render: the same playbook molecule converges.
   provisioner "ansible" {

@@ -46,6 +46,71 @@ OWNED_FLAGS = {
     "--node-rank": "", "--master-addr": "", "--headless": "", "--master-port": "serving.node_port",
     "--distributed-executor-backend": "serving.nodes",
 }
+# vLLM flags that widen what the server trusts or runs: code from the model's repository or named
+# modules, files of the machine, or its arguments from a file the render never sees.
+TRUST_FLAGS = {
+    "--trust-remote-code": "runs Python from the model's repository",
+    "--allowed-local-media-path": "lets a request read the machine's files",
+    "--allowed-media-domains": "lets a request make the server fetch from other hosts",
+    "--config": "reads more arguments from a file the render never sees",
+    "--middleware": "imports and runs a named Python module in the API server",
+    "--tool-parser-plugin": "runs a Python file in the API server",
+    "--reasoning-parser-plugin": "runs a Python file in the API server",
+    "--logits-processors": "imports and runs named Python classes in the engine",
+    "--worker-cls": "imports and runs a named Python class as the GPU worker",
+    "--worker-extension-cls": "imports and runs a named Python class in the GPU worker",
+    "--ssl-keyfile": "the public port's TLS is nginx's (router.tls)",
+    "--ssl-certfile": "the public port's TLS is nginx's (router.tls)",
+    "--root-path": "the routes are nginx's",
+    "--enable-log-requests": "writes every prompt to the journal",
+}
+# vLLM reads a flag as its long form with '_' for '-' and takes any unambiguous prefix of it
+# (argparse); a value element may hold anything but a control character.
+FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
+    """(element index, what is wrong, the fix) for serving.extra_args, read the way vLLM's parser
+    reads them: a flag owned by the render or one that widens trust, written in any spelling vLLM
+    accepts (underscores, an abbreviation, --flag=value), is refused; so is an element that would
+    not reach vLLM as one argument."""
+    out = []
+    owned = {f: fld for f, fld in OWNED_FLAGS.items() if f.startswith("--")}
+    for i, arg in enumerate(args):
+        if not arg or any(ord(ch) < 32 or ord(ch) == 127 for ch in arg):
+            out.append((i, "is empty or holds a control character (a newline would start another "
+                        "argument of the unit)", "write the flag and its value without them"))
+            continue
+        if "${" in arg:
+            out.append((i, f"{arg!r} holds '${{', which the unit's runner expands from its "
+                        "environment", "write the value without '${'"))
+            continue
+        if arg.startswith("#"):
+            out.append((i, f"{arg!r} starts with '#', which the unit's argument file reads as a "
+                        "comment", "drop it, or give the value another form"))
+            continue
+        if not arg.startswith("-"):
+            continue  # a value of the flag before it
+        flag = arg.split("=", 1)[0]
+        if not arg.startswith("--"):
+            out.append((i, f"{flag} is a short option", "write vLLM's long form (--...)"))
+            continue
+        if not FLAG_NAME.match(flag):
+            out.append((i, f"{arg!r} is not one flag (a flag and its value in one element?)",
+                        "give the flag and its value as two elements, or as --flag=value"))
+            continue
+        name = "--" + flag[2:].replace("_", "-")
+        hit = next((f for f in [*owned, *TRUST_FLAGS] if f == name), None) or next(
+            (f for f in [*owned, *TRUST_FLAGS] if f.startswith(name)), None)
+        said = flag if flag == hit else f"{flag} (vLLM reads it as {hit})"
+        if hit in owned:
+            out.append((i, f"{said} is set by the render from the profile"
+                        + (" (instances listen on 127.0.0.1 behind the router)"
+                           if hit == "--host" else ""),
+                        f"set {owned[hit]} instead" if owned[hit] else "remove it"))
+        elif hit:
+            out.append((i, f"{said} {TRUST_FLAGS[hit]}", "remove it"))
+    return out
 
 
 def project_root() -> Path:
@@ -467,6 +532,9 @@ def _check(
     target = catalog.models.get(m.target)
     if target is None:
         err("model.target", f"{m.target!r} is not in {catalog_file}", f"use one of: {known}")
+    elif target.local_config and not (project_root() / target.local_config).is_file():
+        err("model.target", f"its local_config {target.local_config} is not a script of this "
+            f"project ({catalog_file})", "name one under scripts/, e.g. scripts/make-test-model")
     spec = m.speculative
     draft = None
     if spec.uses_draft:
@@ -571,15 +639,8 @@ def _check(
             err("serving.gpu_ids", "a GPU is given to two instances", "use each GPU id once")
         if any(g < 0 or g >= hw.gpu_count for g in flat):
             err("serving.gpu_ids", f"ids must be 0..{hw.gpu_count - 1}", "use existing GPU ids")
-    for i, arg in enumerate(s.extra_args):
-        flag = arg.split("=", 1)[0]
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in arg):
-            err(f"serving.extra_args.{i}", "contains a control character (a newline would start "
-                "another argument of the unit)", "write the flag and its value without them")
-        elif flag in OWNED_FLAGS:
-            err(f"serving.extra_args.{i}", f"{flag} is set by the render from the profile"
-                + (" (instances listen on 127.0.0.1 behind the router)" if flag == "--host" else ""),
-                f"set {OWNED_FLAGS[flag]} instead" if OWNED_FLAGS[flag] else "remove it")
+    for i, why, fix in extra_args_problems(list(s.extra_args)):
+        err(f"serving.extra_args.{i}", why, fix)
     gpus_in_size = re.match(r"^gpu-[a-z0-9]+?x(\d+)-", p.digitalocean.size)
     if hw.gpu_count and not gpus_in_size:
         err("digitalocean.size", f"{p.digitalocean.size!r} is not a GPU droplet size",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 
 from .profiles import SUPPORTED_RELEASES, Instance, Resolved, project_root
 
@@ -444,6 +445,29 @@ def _jinja() -> jinja2.Environment:
     return env
 
 
+class _UnsafeDumper(yaml.SafeDumper):
+    pass
+
+
+def _unsafe_mapping(d: yaml.SafeDumper, v: dict[str, Any]) -> yaml.MappingNode:
+    # keys stay plain (Ansible never templates a variable's name); values are tagged
+    return yaml.MappingNode("tag:yaml.org,2002:map", [
+        (d.represent_scalar("tag:yaml.org,2002:str", str(k)), d.represent_data(x))
+        for k, x in sorted(v.items())])
+
+
+_UnsafeDumper.add_representer(
+    str, lambda d, v: d.represent_scalar("!unsafe", v, style='"'))
+_UnsafeDumper.add_representer(dict, _unsafe_mapping)
+
+
+def unsafe_yaml(data: dict[str, Any]) -> str:
+    """`data` as YAML that Ansible loads without templating any string (each tagged !unsafe)."""
+    head = "# Rendered: every string is !unsafe (Ansible never templates it). Do not edit.\n"
+    return head + yaml.dump(data, Dumper=_UnsafeDumper, sort_keys=True, default_flow_style=False,
+                            allow_unicode=False, width=4096)
+
+
 def hcl_string(value: object) -> str:
     """A quoted HCL string: JSON's escapes, and template sequences (${, %{) doubled so that
     Packer reads them as text."""
@@ -489,8 +513,12 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
     out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)
-    out["ansible/extra-vars.json"] = (json.dumps(ansible_vars(r), sort_keys=True, indent=2) + "\n",
-                                      0o644)
+    xv = ansible_vars(r)
+    # Ansible reads extra-vars.yml, every string in it marked !unsafe: a value from a profile or
+    # the catalog is data, never a template Ansible would evaluate. The same values as JSON are for
+    # readers that are not Ansible (jq in the Makefile, scripts/fetch-wheels, tests).
+    out["ansible/extra-vars.yml"] = (unsafe_yaml(xv), 0o644)
+    out["ansible/extra-vars.json"] = (json.dumps(xv, sort_keys=True, indent=2) + "\n", 0o644)
     return out
 
 

@@ -23,6 +23,14 @@ Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
 # end a quoted string or start another argument.
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 Version = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+){0,3}([.+-]?[A-Za-z0-9]+){0,3}$")]
+# A git revision as the hub takes it (a branch, a tag, a commit): it cannot start an option.
+GitRef = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
+# A script of this project that writes a local test model: run with the build machine's Python.
+ProjectScript = Annotated[str, StringConstraints(pattern=r"^scripts/[a-z0-9][a-z0-9-]{0,63}$")]
+# Prose a person reads (descriptions, sources): one line, no control characters.
+Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=300)]
+# What nvidia-smi names a GPU.
+GpuName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._()-]{0,63}$")]
 HubId = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")]
 
@@ -56,7 +64,7 @@ class CatalogModel(Strict):
     fp8_scales: FP8Scales | None = Field(
         None, description="static-tensor: per-tensor weight and activation scales, calibrated; "
         "dynamic-token: per-channel weights, each token's activations scaled at run time")
-    revision: str = "main"
+    revision: GitRef = "main"
     params_b: float = Field(gt=0, description="parameters, billions")
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
@@ -68,7 +76,7 @@ class CatalogModel(Strict):
     vocab_size: int = Field(gt=0)
     tie_word_embeddings: bool = False
     max_position_embeddings: int = Field(gt=0)
-    local_config: str | None = Field(
+    local_config: ProjectScript | None = Field(
         None, description="for test models: the script that writes config + tokenizer locally"
     )
     # A draft's or EAGLE head's published acceptance with its target, so the proof can set vLLM's
@@ -82,7 +90,7 @@ class CatalogModel(Strict):
                                             "length; used where acceptance_per_position is not")
     acceptance_length_tokens: int | None = Field(None, gt=0, description="draft tokens a step "
                                                  "when acceptance_length was measured")
-    acceptance_source: str | None = Field(None, description="where the figures were published, "
+    acceptance_source: Text | None = Field(None, description="where the figures were published, "
                                           "on which dataset and settings")
     # The checkpoint's generation_config.json sampling defaults: vLLM applies them to every
     # request that sets none (--generation-config auto), so they are what a client's plain
@@ -133,7 +141,7 @@ class Catalog(Strict):
 
 
 class Hardware(Strict):
-    gpu_model: str | None = Field(description="what nvidia-smi names the GPU; None for cpu")
+    gpu_model: GpuName | None = Field(description="what nvidia-smi names the GPU; None for cpu")
     gpu_count: int = Field(ge=0, le=16)
     gpu_memory_gib: float = Field(ge=0, description="per GPU, as the driver reports it")
     memory_bandwidth_tbs: float = Field(ge=0, description="HBM/GDDR datasheet bandwidth, TB/s")
@@ -278,6 +286,15 @@ class Router(Strict):
     rate_limit_burst: int = Field(200, ge=0, le=1_000_000,
                                   description="requests above the rate a client may send at once")
 
+    @field_validator("bind")
+    @classmethod
+    def _no_scope(cls, v: Any) -> Any:
+        # an IPv6 scope id (%eth0) may hold almost any character, and nginx's listen takes none
+        if getattr(v, "scope_id", None):
+            raise ValueError(f"{v}: an IPv6 scope id (%...) cannot be listened on by nginx; give "
+                             "the address alone")
+        return v
+
     @field_validator("tls", mode="before")
     @classmethod
     def _yaml_off(cls, v: object) -> object:
@@ -359,7 +376,7 @@ class Targets(Strict):
 
 class Profile(Strict):
     tier: Name
-    description: str
+    description: Text
     hardware: Hardware
     digitalocean: DigitalOcean
     versions: Versions
