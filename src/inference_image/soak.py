@@ -10,6 +10,7 @@ does not end it; this side polls its output."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import subprocess
@@ -153,8 +154,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rc, text = remote(target, identity, f"cat {PROFILE_JSON}")
     if rc:
         raise SoakError(f"cannot read {PROFILE_JSON} on {args.host}")
-    prof = json.loads(text)
-    conc = args.concurrency or int(prof["profile"]["targets"]["concurrency"])
+    try:
+        prof = json.loads(text)
+        conc = args.concurrency or int(prof["profile"]["targets"]["concurrency"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise SoakError(f"{PROFILE_JSON} on {args.host} is not an inference-image profile "
+                        "document (no profile.targets.concurrency). Fix: soak a machine built by "
+                        "`make image`, or give --concurrency") from None
     cfg = {"profile_json": PROFILE_JSON, "out": f"{WORK}/minutes.jsonl",
            "minutes": args.minutes, "concurrency": conc, "max_tokens": args.max_tokens}
     start = (f"rm -rf {WORK} && mkdir -p {WORK} && cat > {WORK}/load.py <<'PY'\n{LOAD}\nPY\n"
@@ -178,7 +184,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # a machine at full load answers slowly (podman exec took over 30 s on 2
                 # cores); the load runs on regardless: ask again
                 continue
-            lines = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+            lines = []
+            for ln in text.splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    if ln.startswith("{") and isinstance(m := json.loads(ln), dict):
+                        lines.append(m)
             for m in lines[len(seen):]:
                 if "minute" in m:
                     seen.append(m)
@@ -196,12 +206,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if not args.out.strip() or out.is_symlink() or out.is_dir():
+        print(f"error: --out {args.out!r}: empty, a symbolic link or a directory. Fix: give the "
+              "path of the result file, e.g. build/soak/h100.json", file=sys.stderr)
+        return 1
     try:
         res = run(args)
     except (SoakError, VerifyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(table(res["per_minute"]))

@@ -1,0 +1,45 @@
+"""Reading what a user points the CLI at (profiles, fleet files, records, plans, key files): a
+regular file of bounded size in UTF-8, or one clear error. A FIFO, a device (/dev/zero through a
+symlink) or a huge file would otherwise hang the command or exhaust its memory."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+class InputError(Exception):
+    """What is wrong with an input file, and the fix, in one line."""
+
+    def __init__(self, what: str, path: Path, why: str, fix: str) -> None:
+        self.what, self.path, self.why, self.fix = what, path, why, fix
+        super().__init__(f"{what} {path}: {why}. Fix: {fix}")
+
+
+def read_text(path: Path, what: str, max_bytes: int) -> str:
+    """The file's text. InputError: missing, not a regular file, over max_bytes, not UTF-8."""
+    try:
+        st = os.stat(path)  # follows symlinks: the file read is the one they point at
+    except FileNotFoundError:
+        raise InputError(what, path, "not found", "check the path") from None
+    except OSError as exc:
+        raise InputError(what, path, exc.strerror or "cannot be read", "check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(what, path, "is a directory", "name a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(what, path, "not a regular file (a pipe or a device)", "name a file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise InputError(what, path, exc.strerror or "cannot be read",
+                         "check its permissions") from None
+    if len(data) > max_bytes:
+        raise InputError(what, path, f"larger than {max_bytes // 1024} KiB",
+                         f"name the {what} itself, not another file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(what, path, f"not UTF-8 text (byte {exc.start})",
+                         "save it as UTF-8") from None

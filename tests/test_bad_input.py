@@ -1,0 +1,198 @@
+"""Issue 67's corpus of hostile inputs, as a user would give them to the CLI: each ends in a clear
+error (exit 1, or argparse's 2) within seconds, says what is wrong, and prints no traceback; none
+is accepted with the bad value in the output, and none hangs."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from inference_image import bench, soak
+
+TIMEOUT_S = 60
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", "inference_image.cli", *args], capture_output=True,
+                       text=True, timeout=TIMEOUT_S, check=False, cwd=cwd)
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr[-2000:]
+    return r
+
+
+def refused(r: subprocess.CompletedProcess[str], *said: str) -> None:
+    assert r.returncode in (1, 2), (r.returncode, r.stdout[-500:], r.stderr[-500:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith(("error:", "usage:", "inference-image", " ")) for ln in lines), \
+        r.stderr
+    for s in said:
+        assert s in r.stderr, (s, r.stderr)
+
+
+@pytest.fixture
+def pdir(tmp_path: Path) -> Path:
+    d = tmp_path / "profiles"
+    shutil.copytree(ROOT / "profiles", d)
+    return d
+
+
+# ---- hangs ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["validate", "--all"], ["profiles", "--names"]])
+def test_a_profile_that_is_a_fifo(pdir: Path, command: list[str]) -> None:
+    os.mkfifo(pdir / "stuck.yaml")
+    refused(cli("--profiles-dir", str(pdir), *command), "stuck.yaml: not a regular file")
+
+
+def test_metrics_dripped_a_byte_at_a_time_end_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Drip(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            for _ in range(100):
+                self.wfile.write(b"#")
+                self.wfile.flush()
+                time.sleep(1)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setattr(bench, "METRICS_DEADLINE_S", 3.0)
+    try:
+        t0 = time.monotonic()
+        assert bench.engine_counters(f"http://127.0.0.1:{srv.server_address[1]}") is None
+        assert time.monotonic() - t0 < 8
+    finally:
+        srv.shutdown()
+
+
+def test_a_fleet_file_that_is_dev_zero(tmp_path: Path) -> None:
+    (tmp_path / "fleet.yaml").symlink_to("/dev/zero")
+    refused(cli("fleet", "plan", str(tmp_path / "fleet.yaml")), "not a regular file")
+
+
+# ---- tracebacks -----------------------------------------------------------------------------
+
+def test_a_sibling_profile_that_is_dev_zero(pdir: Path) -> None:
+    (pdir / "_gpu.yaml").unlink()
+    (pdir / "_gpu.yaml").symlink_to("/dev/zero")
+    refused(cli("--profiles-dir", str(pdir), "validate", "h100"), "_gpu.yaml: not a regular file")
+
+
+def test_a_huge_set_value() -> None:
+    refused(cli("validate", "cpu", "--set", "description=" + "&a [*a, *a] " * 10000),
+            "--set: description: a value of")
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("[]\n", "not a mapping"), ("name: [1]\nworkers: x\n", "name"),
+    (b"name: \xff\xfe\n", "not UTF-8"),
+])
+def test_fleet_files_of_the_wrong_shape(tmp_path: Path, text: str | bytes, said: str) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    refused(cli("fleet", "plan", str(f)), said)
+
+
+@pytest.mark.parametrize("vllm_cmd", ["", '"vllm'])
+def test_a_vllm_command_that_is_no_command(vllm_cmd: str) -> None:
+    refused(cli("bench", "run", "--model", "m", "--vllm-cmd", vllm_cmd), "--vllm-cmd")
+
+
+def test_a_missing_api_key_file(tmp_path: Path) -> None:
+    refused(cli("bench", "run", "--model", "m", "--vllm-cmd", "true", "--out", str(tmp_path / "o"),
+                "--api-key-file", str(tmp_path / "nope")), "--api-key-file", "not found")
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (b"[1, 2]", "not a result of `bench run`"),
+    (b'{"runs": [{"scenario": "chat"}]}', "not a result of `bench run`"),
+    (b"\xff\xfe", "not UTF-8"), (b"{", "not JSON"),
+])
+def test_bench_compare_on_what_is_no_result(tmp_path: Path, content: bytes, said: str) -> None:
+    (tmp_path / "a.json").write_bytes(content)
+    refused(cli("bench", "compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")), said)
+
+
+@pytest.mark.parametrize("answer", ["not json", "{}", "[1]"])
+def test_soak_against_a_host_whose_profile_is_no_profile(monkeypatch: pytest.MonkeyPatch,
+                                                         answer: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # the host is stood in for (soak reaches it over SSH or podman); what it answers is real input
+    monkeypatch.setattr(soak, "preflight", lambda target, identity: "cpu")
+    monkeypatch.setattr(soak, "remote", lambda *a, **k: (0, answer))
+    from inference_image.cli import main
+    rc = main(["soak", "--host", "local://", "--out", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "is not an inference-image profile document" in err, err
+
+
+@pytest.mark.parametrize("plan", ["[1]", '{"steps": "x"}', '{"steps": [1]}'])
+def test_proof_run_on_what_is_no_plan(tmp_path: Path, plan: str) -> None:
+    (tmp_path / "plan.json").write_text(plan)
+    refused(cli("proof", "run", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "o")),
+            "not a plan")
+
+
+# ---- accepted with the bad value --------------------------------------------------------------
+
+def test_a_missing_profiles_dir_validates_nothing_and_fails(tmp_path: Path) -> None:
+    refused(cli("--profiles-dir", str(tmp_path / "missing"), "validate", "--all"),
+            "not a directory of profiles")
+
+
+@pytest.mark.parametrize("out", ["", "LINK"])
+def test_bench_out_empty_or_a_symlink(tmp_path: Path, out: str) -> None:
+    if out == "LINK":
+        (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+        out = str(tmp_path / "link")
+    refused(cli("bench", "run", "--model", "m", "--vllm-cmd", "true", "--out", out), "--out")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_labels_that_climb_out_of_out(tmp_path: Path) -> None:
+    refused(cli("bench", "run", "--model", "m", "--vllm-cmd", "true", "--out", str(tmp_path),
+                "--label", "../../x"), "--label")
+    refused(cli("proof", "step", "vanilla", "--label", "../../x", "--out", str(tmp_path)),
+            "label")
+    assert not (tmp_path.parent.parent / "x.json").exists()
+
+
+def test_a_url_that_is_no_http(tmp_path: Path) -> None:
+    refused(cli("bench", "run", "--model", "m", "--vllm-cmd", "true", "--out", str(tmp_path),
+                "--url", "file:///etc/passwd"), "--url")
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("router.port=9100", "node exporter"),
+    ("router.health_check_interval_secs=1000000000000000000000000000000", "health_check_interval"),
+    ("serving.cpu_kv_cache_gib=100000000000000000000", "cpu_kv_cache_gib"),
+    ("versions.driver_branch=\"\u0665\u0668\u0660\"", "driver_branch"),
+    ("description=\"a\\u001b[2Jb\"", "description"),
+])
+def test_values_out_of_any_real_range(override: str, said: str) -> None:
+    refused(cli("validate", "cpu" if "driver" not in override else "h100", "--set", override), said)
+
+
+def test_a_key_given_twice(pdir: Path) -> None:
+    text = (pdir / "cpu.yaml").read_text()
+    (pdir / "cpu.yaml").write_text(text + "\ntier: cpu\n")
+    refused(cli("--profiles-dir", str(pdir), "validate", "cpu"), "tier: given twice")
+
+
+def test_the_corpus_leaves_nothing_half_built(tmp_path: Path) -> None:
+    """A refused render writes no output directory."""
+    out = tmp_path / "out"
+    refused(cli("render", "--profile", "cpu", "--out", str(out), "--set", "router.bind=::%x"))
+    assert not out.exists()
+
