@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public, http, tcp_open, wait_for
 
-from inference_image.render import FIREWALL_TABLE
+from inference_image.render import EXPOSURE_CEILINGS, FIREWALL_TABLE
 
 # Most checks need the stack serving; the ones on files, the firewall and the ports closed to the
 # outside run on a build without its GPU too (the build validates every tier with this suite).
@@ -205,12 +205,37 @@ def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
 
 @pytest.mark.serving
 def test_services_not_root(root: Any, profile: dict[str, Any]) -> None:
-    user = profile["service_user"]
     for unit in _units(profile):
+        user = profile["router_user"] if unit == "vllm-router.service" else profile["service_user"]
         pid, owner = _main_pid(root, unit)
         assert owner == user, f"{unit} (pid {pid}) runs as {owner}"
     workers = root.run("ps -o user= -C nginx").stdout.split()
     assert workers and set(workers) - {"root"}, "nginx has no unprivileged workers"
+
+
+def test_the_router_cannot_touch_what_vllm_loads(root: Any, profile: dict[str, Any]) -> None:
+    """vLLM loads compiled code from its caches: the router's user can neither write nor read
+    them."""
+    user, cache = profile["router_user"], profile["paths"]["cache"]
+    assert root.run(f"id -u {user}").rc == 0, f"no user {user}"
+    for sub in ("vllm", "inductor", "triton"):
+        assert root.run(f"runuser -u {user} -- test -w {cache}/{sub}").rc != 0, \
+            f"{cache}/{sub} is writable by the router's user {user}"
+
+
+def test_every_unit_is_at_or_under_its_exposure_ceiling(root: Any, profile: dict[str, Any]) -> None:
+    """Each unit as systemd runs it here (drop-ins included), measured by `systemd-analyze
+    security`, against the ceiling its sandbox was written to (render.EXPOSURE_CEILINGS)."""
+    units = {f"vllm@{i['name']}.service": "vllm@" for i in profile["instances"]}
+    units |= {f"{n}.service": n for n in EXPOSURE_CEILINGS if not n.endswith("@")}
+    over = {}
+    for unit, kind in units.items():
+        out = root.run(f"systemd-analyze security --no-pager {shlex.quote(unit)} | tail -1")
+        got = out.stdout.split(": ")[-1].split()[0] if ": " in out.stdout else ""
+        assert got.replace(".", "", 1).isdigit(), f"{unit}: {out.stdout} {out.stderr}"
+        if float(got) > EXPOSURE_CEILINGS[kind]:
+            over[unit] = f"{got} > {EXPOSURE_CEILINGS[kind]}"
+    assert not over, f"units over their exposure ceiling: {over}"
 
 
 def test_api_key_private(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:

@@ -69,10 +69,19 @@ MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen
 # sized the image by); the rest of a config (vocabulary, positions) a checkpoint may differ in
 CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
                  "num_key_value_heads", "head_dim")
+# The highest `systemd-analyze security` exposure each unit may have (0 closed .. 10 open), from
+# its sandbox (templates/etc/systemd/system/_sandbox.j2): tests/test_units.py checks the rendered
+# files, the security suite the units as the machine runs them (Debian's nginx unit with its
+# drop-in). docs/decisions.md#unit-sandboxes
+EXPOSURE_CEILINGS = {"vllm@": 4.0, "vllm-router": 2.5, "inference-firstboot": 3.5,
+                     "inference-acme": 3.5, "inference-join": 3.5, "nginx": 4.0}
 # The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
 # the machine (HTTP-01), and only then.
 FIREWALL_TABLE = "inference_image"
 SERVICE_USER = "inference"
+# The router runs as a user of its own: it cannot write (or read) the compile caches vLLM loads
+# code from, nor signal vLLM's processes.
+ROUTER_USER = "inference-router"
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
 # instance may take to start (cold compile), open files per service, node exporter's port, the
 # free space an instance needs beside its caches.
@@ -381,6 +390,7 @@ def profile_document(r: Resolved) -> dict[str, Any]:
         "paths": PATHS,
         "machine_files": machine_files(),
         "service_user": SERVICE_USER,
+        "router_user": ROUTER_USER,
         "limits": LIMITS,
     }
 
@@ -398,6 +408,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_metrics_port": p.router.metrics_port,
         "inference_instance_ports": [i.port for i in r.instances],
         "inference_service_user": SERVICE_USER,
+        "inference_service_router_user": ROUTER_USER,
         "inference_paths": PATHS,
         "nvidia_driver_enabled": r.is_gpu,
         "nvidia_driver_branch": v.driver_branch or "",
@@ -482,7 +493,7 @@ def listen_address(r: Resolved) -> str:
 def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
-    ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "units": units(r),
+    ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "router_user": ROUTER_USER, "units": units(r),
            "fleet_router_unit": FLEET_ROUTER_UNIT, "node_unit_suffix": NODE_UNIT_SUFFIX,
            "firewall_table": FIREWALL_TABLE,
            "digest": r.digest, "listen": listen_address(r), "limits": LIMITS,

@@ -1,0 +1,54 @@
+"""Every rendered unit's sandbox, measured as systemd measures it (`systemd-analyze security
+--offline`, the host's systemd), against its ceiling (render.EXPOSURE_CEILINGS). The security
+suite checks the same ceilings on the running machine."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from inference_image.profiles import list_tiers, resolve
+from inference_image.render import EXPOSURE_CEILINGS, render
+
+UNITS = {"vllm@": "vllm@.service", "vllm-router": "vllm-router.service",
+         "inference-firstboot": "inference-firstboot.service",
+         "inference-acme": "inference-acme.service", "inference-join": "inference-join.service"}
+
+
+def exposure(unit: Path) -> float:
+    out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--root=/", str(unit)],
+                         capture_output=True, text=True, check=False)
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d)", out.stdout)
+    assert m, out.stdout[-500:] + out.stderr[-500:]
+    return float(m[1])
+
+
+@pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
+def test_every_unit_is_at_or_under_its_exposure_ceiling(tmp_path: Path, tier: str) -> None:
+    if not shutil.which("systemd-analyze"):
+        pytest.fail("systemd-analyze is missing: apt-get install systemd")
+    render(resolve(tier), tmp_path)
+    units = tmp_path / "etc/systemd/system"
+    for name, file in UNITS.items():
+        got = exposure(units / file)
+        assert got <= EXPOSURE_CEILINGS[name], f"{tier} {file}: exposure {got} > {EXPOSURE_CEILINGS[name]}"
+    # nginx: Debian's unit (its ExecStart) with the render's drop-in
+    drop_in = (units / "nginx.service.d/inference-image.conf").read_text()
+    nginx = tmp_path / "nginx.service"
+    nginx.write_text("[Unit]\nDescription=nginx\n[Service]\nType=forking\nExecStart=/usr/sbin/nginx\n"
+                     + drop_in.replace("[Unit]", "").replace("[Service]", ""))
+    assert exposure(nginx) <= EXPOSURE_CEILINGS["nginx"]
+
+
+def test_the_ceilings_are_not_the_old_units(tmp_path: Path) -> None:
+    """The units before issue 67 (NoNewPrivileges, ProtectSystem=full, ProtectHome, PrivateTmp
+    only) measured 8.5-9.6: each ceiling must be one they would not meet."""
+    old = tmp_path / "old.service"
+    old.write_text("[Service]\nExecStart=/bin/true\nUser=nobody\nNoNewPrivileges=yes\n"
+                   "ProtectSystem=full\nProtectHome=yes\nPrivateTmp=yes\n")
+    assert exposure(old) > max(EXPOSURE_CEILINGS.values())
