@@ -8,10 +8,10 @@ GPU ?= cpu
 OUT ?= build/$(GPU)
 
 .PHONY: help deps setup test unit molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
-	gpu-proof-help verify image image-guard image-inputs validate e2e clean
+	gpu-proof-help verify image image-guard image-inputs validate boot boot-stop e2e clean
 
 help: ## this list
-	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 # Debian/Ubuntu packages the targets use (needs root): podman etc. for molecule, Packer and qemu for
 # images, cloud-image-utils for booting them.
@@ -43,12 +43,12 @@ unit: setup ## unit tests (exit code 5, no tests collected, fails too)
 MOLECULE_IMAGE := localhost/inference-image/debian12-systemd
 export CONTAINERS_CONF := $(CURDIR)/ansible/molecule/containers.conf
 
-molecule-image: setup
+molecule-image: setup ## the Debian 12 systemd container image molecule runs (from Debian's archive)
 	@for t in podman runc mmdebstrap; do command -v $$t >/dev/null || \
 	  { echo "make molecule: $$t is missing: apt-get install podman runc mmdebstrap (or run .ci/run)" >&2; exit 1; }; done
 	scripts/make-rootfs build/rootfs/debian12-systemd.tar --import $(MOLECULE_IMAGE)
 
-molecule-inputs: molecule-image
+molecule-inputs: molecule-image ## the cpu render and the air-gapped wheelhouses the molecule scenario installs
 	$(BIN)/inference-image render --profile cpu --out build/cpu
 	scripts/fetch-wheels build/cpu
 
@@ -94,7 +94,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/multinode-proof scripts/junit-failures
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
-	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
+	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s validate
 
@@ -121,7 +121,7 @@ BASE_IMAGE := build/base/debian-12-base.qcow2
 PACKER_ONLY_digitalocean := inference-image.digitalocean.droplet
 PACKER_ONLY_qemu := inference-image.qemu.local
 
-image-inputs: setup
+image-inputs: setup ## render GPU=<tier> and make the build's SSH key and cloud-init seed
 	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
 	scripts/make-seed $(IMAGE_OUT)/id_ed25519 $(IMAGE_OUT)/seed build-$(GPU)
 
@@ -133,7 +133,7 @@ packer_vars = -var-file=build/$(1)/packer/$(1).pkrvars.hcl $(if $(filter qemu,$(
 PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURDIR)/$(IMAGE_OUT)) $(PACKER_ARGS)
 # e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
-image-guard:
+image-guard: ## refuse an unknown BUILDER, or digitalocean without DIGITALOCEAN_TOKEN
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 
@@ -172,6 +172,12 @@ validate: setup ## packer validate, every tier x builder, with a placeholder tok
 	  $(call packer_validate,digitalocean); \
 	  $(call packer_validate,qemu); \
 	done
+
+boot: ## boot the qcow2 of make image GPU=<tier> BUILDER=qemu as a new machine; print its endpoint, key and certificate
+	scripts/use-image $(GPU)
+
+boot-stop: ## stop the VM make boot started
+	@pid=build/boot/$(GPU)/qemu.pid; if [ -s $$pid ] && kill $$(cat $$pid) 2>/dev/null; then echo "stopped the $(GPU) VM"; else echo "no $(GPU) VM is running"; fi; rm -f $$pid
 
 e2e: setup ## cpu image via qemu, booted like a fresh droplet, image_tests over SSH (slow: software emulation)
 	scripts/e2e-local

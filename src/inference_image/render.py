@@ -493,10 +493,12 @@ def listen_address(r: Resolved) -> str:
 def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
-    ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "router_user": ROUTER_USER, "units": units(r),
+    ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "router_user": ROUTER_USER,
+           "units": units(r),
            "fleet_router_unit": FLEET_ROUTER_UNIT, "node_unit_suffix": NODE_UNIT_SUFFIX,
            "firewall_table": FIREWALL_TABLE,
            "digest": r.digest, "listen": listen_address(r), "limits": LIMITS,
+           "model": served_model_name(r),
            "serve_during_build": serve_during_build(r)}
     out: dict[str, tuple[str, int]] = {}
 

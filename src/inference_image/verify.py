@@ -28,7 +28,7 @@ from .render import PATHS
 T = TypeVar("T")
 
 SUITES = ("smoke", "security", "hygiene", "gpu", "throughput", "fleet", "faults", "marketplace",
-          "acme")
+          "acme", "readme")
 PROFILE_JSON = PATHS["profile_json"]
 
 
