@@ -1,0 +1,39 @@
+"""Profiles, templates and roles are data and code: a comment says what a setting does and why,
+and links to its evidence; measured figures and run numbers live in docs/ only (issue 68)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+# a run number, a ratio against something, a rate, a share, a time with a decimal
+FIGURE = re.compile(r"\bruns? \d+\b|\b\d+\.\d+x\b|\btok/s\b|\b\d+(\.\d+)? ?%|\b\d+\.\d+ (ms|s|us)\b")
+COMMENT = re.compile(r"(?:^|\s)#(?!!)(.*)$|\{#(.*?)#\}", re.S)
+
+
+def comments(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        for m in COMMENT.finditer(line):
+            out.append((i, m[1] or m[2] or ""))
+    return out
+
+
+FILES = sorted(p for d in ("profiles", "templates", "roles") for p in (ROOT / d).rglob("*")
+               if p.is_file() and p.suffix in (".yaml", ".yml", ".j2", "") and "files/locks" not in str(p))
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
+def test_no_measured_figure_or_run_number_in_a_comment(path: Path) -> None:
+    hits = [f"{path.relative_to(ROOT)}:{i}: {text.strip()[:120]}" for i, text in comments(path)
+            if FIGURE.search(text)]
+    assert not hits, "figures belong in docs/ (link the evidence instead):\n" + "\n".join(hits)
+
+
+def test_the_rule_finds_what_it_is_for(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("a: 1  # 1.78x vanilla at c=1 (run 44)\nb: 2  # the 8x H100 tier\n")
+    assert [i for i, t in comments(f) if FIGURE.search(t)] == [1]
