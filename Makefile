@@ -110,7 +110,7 @@ render: setup ## render GPU=<tier> (default cpu) into OUT=build/<tier>
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
 
-gpu-proof-help: ## how to run the GPU proof (inference-image proof) on the GPU machine
+gpu-proof-help: ## how to run the GPU proof (inference-lab proof) on the GPU machine
 	@sed -n '/^3. Run the proof/,/^Rules there/p' docs/gpu-machine.md
 
 # ---- images (Packer) -------------------------------------------------------------------------

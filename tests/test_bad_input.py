@@ -22,7 +22,8 @@ TIMEOUT_S = 60
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "inference_image.cli", *args], capture_output=True,
+    module = "inference_lab.cli" if args[:1] == ("proof",) else "inference_image.cli"
+    r = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                        text=True, timeout=TIMEOUT_S, check=False, cwd=cwd)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr[-2000:]
     return r

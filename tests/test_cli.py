@@ -62,7 +62,6 @@ def test_render_writes_files(tmp_path):
      "--vllm-cmd", "/nonexistent/vllm"],
     ["bench", "run", "--url", "http://127.0.0.1:9", "--model", "m", "--out", "{file}",
      "--vllm-python", sys.executable],
-    ["proof", "step", "assemble", "--out", "{file}"],
 ])
 def test_bad_paths_are_one_line_not_a_traceback(argv, tmp_path, capsys):
     f = tmp_path / "a-file"
@@ -89,3 +88,12 @@ def test_readme_status_table_names_every_tier_once():
             p = resolve(tier, ROOT / "profiles").profile.serving
             if m := re.search(r"(\d+) x TP=(\d+)", cells[1]):
                 assert (int(m[1]), int(m[2])) == (p.instances, p.tensor_parallel_size), tier
+
+
+def test_the_users_help_lists_no_lab_step():
+    """The GPU lab has its own console script (inference-lab); the product's help is the product."""
+    out = cli("--help").stdout
+    assert "proof" not in out and "render" in out
+    lab = subprocess.run([sys.executable, "-m", "inference_lab.cli", "--help"], capture_output=True,
+                         text=True, check=False)
+    assert lab.returncode == 0 and "proof" in lab.stdout

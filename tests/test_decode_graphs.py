@@ -2,7 +2,7 @@
 graph manager that lists, dispatches and captures graphs as vLLM 0.26's Model Runner V2 does
 (vllm/v1/worker/gpu/cudagraph_utils.py: _init_candidates, dispatch, and the dummy batch each graph
 is captured from, InputBatch.make_dummy). What the graphs do on a GPU is measured by
-`inference-image proof` (docs/benchmarks.md, run 37)."""
+`inference-lab proof` (docs/benchmarks.md, run 37)."""
 
 from __future__ import annotations
 

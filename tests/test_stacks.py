@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inference_image import proof, stacks
+from inference_lab import proof, stacks
 
 CHILD = textwrap.dedent("""
     import os, sys, threading, time

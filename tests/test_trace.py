@@ -7,7 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
-from inference_image import trace
+from inference_lab import trace
 
 
 def _k(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import __version__, bench, fleet, proof, soak, verify
+from . import __version__, bench, fleet, soak, verify
 from .profiles import (
     ProfileError,
     ProfileErrors,
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Later subcommands (verify, bench) register themselves here to keep this module small.
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    bench.register, verify.register, proof.register, soak.register, fleet.register]
+    bench.register, verify.register, soak.register, fleet.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""A sampling profiler of Python stacks, for the servers `inference-image proof` starts (never on an
+"""A sampling profiler of Python stacks, for the servers `inference-lab proof` starts (never on an
 image): where a serving process's host time goes, which the torch profiler's trace only brackets.
 
 Run 23 traced the h100 profile with its draft off at c=64: a decode step every 6.13 ms, the GPU

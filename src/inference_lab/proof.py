@@ -1,4 +1,4 @@
-"""inference-image proof: the GPU proof as named, typed steps, run on the GPU machine.
+"""inference-lab proof: the GPU proof as named, typed steps, run on the GPU machine.
 
 Every speed claim of the project is made here, about the image as it serves: a `profile` step
 renders the tier (`render`, the same files the image gets), starts its instance with the
@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from . import bench, gpu_bench, stacks, trace
-from .bench import acceptance, engine_counters
-from .cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
-from .inputs import InputError, read_text
-from .memory import decode_bytes_per_token, kv_bytes_per_token, weight_bytes
-from .profiles import (
+from inference_image import bench
+from inference_image.bench import acceptance, engine_counters
+from inference_image.cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
+from inference_image.inputs import InputError, read_text
+from inference_image.memory import decode_bytes_per_token, kv_bytes_per_token, weight_bytes
+from inference_image.profiles import (
     ProfileErrors,
     Resolved,
     default_profiles_dir,
@@ -52,8 +52,10 @@ from .profiles import (
     project_root,
     resolve,
 )
-from .render import NATIVE_SAMPLER, render
-from .schema import acceptance_problem, bad_scenario_spec, scenario_spec
+from inference_image.render import NATIVE_SAMPLER, render
+from inference_image.schema import acceptance_problem, bad_scenario_spec, scenario_spec
+
+from . import gpu_bench, stacks, trace
 from .trace import middle
 
 StepKind = Literal["info", "bandwidth", "gemm", "attention", "tune", "models", "vanilla", "profile",
@@ -1153,7 +1155,7 @@ class Runner:
 
     def _child(self, fn: str, **kwargs: Any) -> Any:
         """gpu_bench.FN(**kwargs) in a child process: its CUDA memory goes back when it ends."""
-        code = ("import json, sys; from inference_image import gpu_bench; "
+        code = ("import json, sys; from inference_lab import gpu_bench; "
                 f"print(json.dumps(gpu_bench.{fn}(**json.loads(sys.argv[1]))))")
         proc = subprocess.run([self.python, "-c", code, json.dumps(kwargs)], capture_output=True,
                               text=True, check=False)
@@ -2159,7 +2161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         plan = Plan.from_json(read_text(Path(args.plan), "--plan", 2**20))
     except (InputError, json.JSONDecodeError, ProofError, TypeError, ValueError) as exc:
-        print(f"error: --plan {args.plan}: {exc}. Fix: write one with `inference-image proof plan "
+        print(f"error: --plan {args.plan}: {exc}. Fix: write one with `inference-lab proof plan "
               "--write FILE`", file=sys.stderr)
         return 1
     if args.steps:

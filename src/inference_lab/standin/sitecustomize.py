@@ -1,4 +1,4 @@
-"""Run by Python at start-up in the servers `inference-image proof` starts (this folder leads their
+"""Run by Python at start-up in the servers `inference-lab proof` starts (this folder leads their
 PYTHONPATH), never on an image: it makes a weightless EAGLE-3 head cost what its checkpoint costs.
 
 The published EAGLE-3 head for Llama 3.1 8B carries its own lm_head over a 32,000-token draft
@@ -40,12 +40,12 @@ def _patch(module: Any) -> None:
         cfg = self.config
         if getattr(cfg, "draft_vocab_size", None) not in (None, cfg.vocab_size):
             self.has_own_lm_head = True
-            print(f"inference-image proof stand-in: the EAGLE-3 head keeps its own lm_head "
+            print(f"inference-lab proof stand-in: the EAGLE-3 head keeps its own lm_head "
                   f"({cfg.draft_vocab_size} x {cfg.hidden_size}), as its checkpoint would",
                   file=sys.stderr, flush=True)
         if getattr(cfg, "target_hidden_size", None) not in (None, cfg.hidden_size):
             self.has_own_embed_tokens = True
-            print(f"inference-image proof stand-in: the EAGLE-3 head keeps its own embed_tokens "
+            print(f"inference-lab proof stand-in: the EAGLE-3 head keeps its own embed_tokens "
                   f"({cfg.vocab_size} x {cfg.hidden_size}; target {cfg.target_hidden_size} wide)",
                   file=sys.stderr, flush=True)
 
@@ -77,4 +77,4 @@ try:
 
     proof_stacks.install()
 except Exception as exc:  # a measuring aid must never stop a server
-    print(f"inference-image proof: no stack sampler: {exc}", file=sys.stderr, flush=True)
+    print(f"inference-lab proof: no stack sampler: {exc}", file=sys.stderr, flush=True)
