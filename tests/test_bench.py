@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -308,3 +309,14 @@ def test_counters_of_the_instances_behind_a_router_are_summed():
         assert bench.engine_counters(urls) is None
     finally:
         servers[0].shutdown()
+
+
+def test_compare_sets_a_row_against_its_own_configuration_only():
+    """A result of several configurations (a proof's vanilla and image rows) compared with itself
+    reads 1.00x in every row: rows of two configurations at one concurrency are never crossed."""
+    def row(config, tok):
+        return bench.row_from_result({"output_throughput": tok, "p99_ttft_ms": 10}, "chat", 4, config)
+    both = {"runs": [row("vanilla", 1000.0), row("image", 1970.0)]}
+    out = bench.compare(both, both)
+    ratios = re.findall(r"\| (\d+\.\d+)x \|", out)
+    assert ratios and set(ratios) == {"1.00"}, out

@@ -97,3 +97,11 @@ def test_the_users_help_lists_no_lab_step():
     lab = subprocess.run([sys.executable, "-m", "inference_lab.cli", "--help"], capture_output=True,
                          text=True, check=False)
     assert lab.returncode == 0 and "proof" in lab.stdout
+
+
+def test_render_names_a_tier_as_validate_does(tmp_path):
+    assert ii_cli.main(["render", "cpu", "--out", str(tmp_path / "a")]) == 0
+    assert ii_cli.main(["render", "--profile", "cpu", "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "a/ansible/extra-vars.json").read_text() == \
+        (tmp_path / "b/ansible/extra-vars.json").read_text()
+    assert ii_cli.main(["render"]) == 1 and ii_cli.main(["render", "cpu", "--profile", "cpu"]) == 1

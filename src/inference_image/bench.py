@@ -481,21 +481,30 @@ def charts(runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """Side-by-side ratios B/A for rows present in both (matched by scenario and concurrency)."""
-    ia = {(r["scenario"], r["concurrency"]): r for r in a["runs"]}
-    lines = ["| scenario | c | A tok/s | B tok/s | B/A | A TTFT p99 | B TTFT p99 | B/A |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Side-by-side ratios B/A for rows present in both: matched by scenario and concurrency where
+    each file holds one configuration, else by configuration too (a file of several holds a row
+    of each at one concurrency, and a row is never set against another configuration's)."""
+    configs = [{r.get("config", "") for r in d["runs"]} for d in (a, b)]
+    by_config = any(len(c) > 1 for c in configs)
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return ((r.get("config", ""),) if by_config else ()) + (r["scenario"], r["concurrency"])
+    ia = {key(r): r for r in a["runs"]}
+    lines = ["| config | scenario | c | A tok/s | B tok/s | B/A | A TTFT p99 | B TTFT p99 | B/A |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in b["runs"]:
-        x = ia.get((r["scenario"], r["concurrency"]))
+        x = ia.get(key(r))
         if not x:
             continue
         tr = r["output_tok_s"] / x["output_tok_s"] if x["output_tok_s"] else float("nan")
         lr = r["ttft_ms_p99"] / x["ttft_ms_p99"] if x["ttft_ms_p99"] else float("nan")
-        lines.append(f"| {r['scenario']} | {r['concurrency']} | {x['output_tok_s']:.1f} "
+        lines.append(f"| {r.get('config', '')} | {r['scenario']} | {r['concurrency']} "
+                     f"| {x['output_tok_s']:.1f} "
                      f"| {r['output_tok_s']:.1f} | {tr:.2f}x | {x['ttft_ms_p99']:.1f} "
                      f"| {r['ttft_ms_p99']:.1f} | {lr:.2f}x |")
     if len(lines) == 2:
-        return "no scenario/concurrency pair is in both files"
+        return ("no configuration/scenario/concurrency row is in both files" if by_config
+                else "no scenario/concurrency pair is in both files")
     return "\n".join(lines)
 
 

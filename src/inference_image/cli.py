@@ -101,15 +101,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    if bool(args.tier) == bool(args.profile):
+        return _fail(["render: name one tier, as `render h100` or `render --profile h100`. Fix: "
+                      "give it once"])
+    tier = args.tier or args.profile
     try:
-        r = resolve(args.profile, _pdir(args), overrides=args.set)
-        out = Path(args.out or f"build/{args.profile}")
+        r = resolve(tier, _pdir(args), overrides=args.set)
+        out = Path(args.out or f"build/{tier}")
         written = render(r, out)
     except ProfileErrors as exc:
         return _fail(exc.errors)
     except (RenderError, OSError) as exc:
         return _fail([str(exc)])
-    print(f"rendered {args.profile} (profile sha256 {r.digest[:12]}) into {out}: "
+    print(f"rendered {tier} (profile sha256 {r.digest[:12]}) into {out}: "
           f"{len(written)} files")
     if args.verbose:
         for rel in written:
@@ -138,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_validate)
 
     sp = sub.add_parser("render", help="write everything the image needs for one tier")
-    sp.add_argument("--profile", required=True, metavar="TIER")
+    sp.add_argument("tier", nargs="?", metavar="TIER", help="the tier, as validate takes it")
+    sp.add_argument("--profile", metavar="TIER", help="the same, as a flag (the Makefile's form)")
     sp.add_argument("--out", help="output directory (default: build/TIER)")
     sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override one profile field, e.g. model.speculative.method=none")
