@@ -20,10 +20,12 @@ DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman 
 	curl iproute2
 
 deps: ## apt-get install the system packages every target needs (root)
+	@echo "make deps: apt-get install $(words $(DEB_PACKAGES)) packages (a few minutes on a fresh machine)"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null
 
 $(BIN)/.installed: requirements.txt pyproject.toml
+	@echo "make setup: the Python tools of requirements.txt into $(VENV) (a few minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt

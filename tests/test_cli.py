@@ -20,7 +20,8 @@ def test_profiles_table():
     r = cli("profiles")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split()[:3] == ["TIER", "GPU", "GPUS"]
+    assert lines[0].split()[:4] == ["TIER", "GPU", "DO", "SIZE"]
+    assert max(len(ln) for ln in lines) <= 132  # one wide terminal, not 186 columns
     rows = {ln.split()[0]: ln for ln in lines[2:]}
     assert set(rows) == {"cpu", "cpu-2node", "h100", "h100x8", "h200", "h200x8", "l40s", "rtx4000ada",
                          "rtx6000ada"}

@@ -50,8 +50,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             except ProfileErrors as exc:
                 errors += exc.errors
         return _fail(errors) if errors else 0
-    rows = [["TIER", "GPU", "GPUS", "GIB/GPU", "DO SIZE", "$/GPU-HR", "FA3", "FP8", "MODEL",
-             "WEIGHTS", "SPEC", "INSTANCES x TP"]]
+    # one screen wide: the GPU without its vendor, its count in the droplet size, the draft by
+    # its method (the profile says which)
+    rows = [["TIER", "GPU", "DO SIZE", "FA3", "FP8", "MODEL", "WEIGHTS", "SPEC", "INSTANCES x TP"]]
     errors: list[ProfileError] = []
     for tier in list_tiers(_pdir(args)):
         try:
@@ -62,12 +63,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         p = r.profile
         spec = p.model.speculative
         rows.append([
-            p.tier, p.hardware.gpu_model or "(cpu)", str(p.hardware.gpu_count),
-            f"{p.hardware.gpu_memory_gib:g}", p.digitalocean.size,
-            f"{p.digitalocean.price_per_gpu_hour:.2f}",
+            p.tier, (p.hardware.gpu_model or "(cpu)").removeprefix("NVIDIA "), p.digitalocean.size,
             "yes" if r.fa3_available else "no", "yes" if r.fp8_available else "no",
-            p.model.target, p.model.quantization,
-            spec.method + (f" ({spec.draft})" if spec.draft else ""),
+            p.model.target, p.model.quantization, spec.method,
             f"{p.serving.instances} x {p.serving.tensor_parallel_size}"
             + (f" on {p.serving.nodes} nodes" if p.serving.nodes > 1 else ""),
         ])
