@@ -672,6 +672,11 @@ def test_layouts_are_the_splits_that_fit_and_the_choice_follows_the_targets(tmp_
     c = proof.choose_layout(runs, r)
     assert c["chosen"] == "layout-2x4" and "2600 tok/s < 3100" in str(c["candidates"])
     assert proof.choose_layout({"layout-4x2": [row(16, 1, 1)]}, r)["chosen"] is None
+    # priced at every concurrency measured, not only the target's
+    at = proof.choose_layout(runs, r)["by_concurrency"]
+    assert at[16] == {"tok_s": {"layout-4x2": 900}, "fastest": "layout-4x2"}
+    assert at[64]["fastest"] == "layout-2x4" and set(at[64]["tok_s"]) == {
+        "layout-4x2", "layout-2x4", "layout-1x8"}
     out = tmp_path / "p.json"
     assert cli.main(["proof", "plan", "--tier", "h100x8", "--layouts", "--write", str(out)]) == 0
     assert proof.Plan.from_json(out.read_text()) == plan

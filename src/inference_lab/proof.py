@@ -434,7 +434,27 @@ def choose_layout(runs: dict[str, list[dict[str, Any]]], r: Resolved) -> dict[st
     return {"chosen": best["label"] if best else None, "concurrency": t.concurrency,
             "scenario": t.scenario, "ttft_p99_target_ms": t.ttft_p99_ms,
             "profile_now": f"layout-{r.profile.serving.instances}x{r.profile.serving.tensor_parallel_size}",
-            "candidates": table}
+            "candidates": table, "by_concurrency": layouts_by_concurrency(runs, t.scenario)}
+
+
+def layouts_by_concurrency(runs: dict[str, list[dict[str, Any]]], scenario: str = "chat"
+                           ) -> dict[int, dict[str, Any]]:
+    """Every concurrency any layout was measured at, the layouts' tok/s there and the fastest
+    (one where no request failed): a layout is chosen at the tier's target concurrency, and the
+    price of that choice at the others is in view."""
+    out: dict[int, dict[str, Any]] = {}
+    for label, rows in sorted(runs.items()):
+        if not re.fullmatch(r"layout-\d+x\d+", label):
+            continue
+        for row in rows:
+            if row.get("scenario", "chat") != scenario:
+                continue
+            c = out.setdefault(row["concurrency"], {"tok_s": {}, "fastest": None})
+            c["tok_s"][label] = row["output_tok_s"]
+            if not row.get("failed") and (c["fastest"] is None
+                                          or row["output_tok_s"] > c["tok_s"][c["fastest"]]):
+                c["fastest"] = label
+    return dict(sorted(out.items()))
 
 
 # ---- the machine ------------------------------------------------------------------------------
@@ -1853,6 +1873,9 @@ class Runner:
             figures = (f"{e['output_tok_s']:.1f} tok/s, TTFT p99 {e['ttft_ms_p99']:.0f} ms"
                        if "output_tok_s" in e else "")
             print(f"{e['label']:<14}{figures:<36}{e.get('out', 'CHOSEN')}", flush=True)
+        for c, at in choice["by_concurrency"].items():
+            rates = ", ".join(f"{k} {v:.1f}" for k, v in at["tok_s"].items())
+            print(f"c={c:<4} fastest {at['fastest'] or '-':<12} ({rates})", flush=True)
         if choice["chosen"] is None:
             raise ProofError(f"no layout of {r.profile.tier} met TTFT p99 <= "
                              f"{choice['ttft_p99_target_ms']:g} ms at c={choice['concurrency']}")
