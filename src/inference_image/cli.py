@@ -158,14 +158,20 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     bench.register, verify.register, soak.register, fleet.register]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse and run a subcommand: its exit code; 130 on Ctrl-C, 0 when the reader of its output
+    went away (`| head`). The lab's console script runs its commands the same way."""
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from inference_image import __version__
+from inference_image.cli import run
 
 from . import proof
 
@@ -21,13 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":
