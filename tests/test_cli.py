@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 
@@ -106,3 +107,18 @@ def test_render_names_a_tier_as_validate_does(tmp_path):
     assert (tmp_path / "a/ansible/extra-vars.json").read_text() == \
         (tmp_path / "b/ansible/extra-vars.json").read_text()
     assert ii_cli.main(["render"]) == 1 and ii_cli.main(["render", "cpu", "--profile", "cpu"]) == 1
+
+
+def test_the_readmes_other_model_commands_run_as_written(tmp_path):
+    """The README's "Serve another model" block, each command as written (render into a scratch
+    directory instead of build/)."""
+    readme = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "model.target=qwen" in b]
+    for line in block.strip().splitlines():
+        argv = shlex.split(line)
+        assert argv[0] == "inference-image", line
+        argv = [str(tmp_path / "out") if a == "build/l40s-qwen" else a for a in argv[1:]]
+        r = cli(*argv)
+        assert r.returncode == 0, (line, r.stderr)
+    extra = (tmp_path / "out/ansible/extra-vars.json").read_text()
+    assert '"Qwen/Qwen2.5-7B-Instruct"' in extra
