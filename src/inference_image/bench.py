@@ -523,7 +523,7 @@ def _ints(s: str) -> list[int]:
     return comma_list(s, int, "concurrencies are integers >= 1")
 
 
-def _count(s: str) -> int:
+def positive_int(s: str) -> int:
     try:
         v = int(s)
     except ValueError:
@@ -687,8 +687,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--concurrency", type=_ints, help="e.g. 1,2,4,8,16")
     rp.add_argument("--no-saturation", action="store_true", help="skip concurrency 32 and 64")
     rp.add_argument("--quick", action="store_true", help="chat at c=1,4,16 (the throughput suite)")
-    rp.add_argument("--prompts-per-concurrency", type=_count, default=4)
-    rp.add_argument("--min-prompts", type=_count, default=MIN_PROMPTS,
+    rp.add_argument("--prompts-per-concurrency", type=positive_int, default=4)
+    rp.add_argument("--min-prompts", type=positive_int, default=MIN_PROMPTS,
                     help=f"at least this many prompts per run (default {MIN_PROMPTS})")
     rp.add_argument("--seed", type=int, default=0)
     rp.add_argument("--label", default="run", help="config name in results and file names")

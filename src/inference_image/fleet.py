@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field, StringConstraints, ValidationError
 
-from .profiles import ProfileError, ProfileErrors, Resolved, _pydantic_errors, _read_yaml, resolve
+from .profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
 from .render import PATHS
 from .schema import Name, Slug, Strict
 
@@ -115,11 +115,11 @@ def role_tag(spec: FleetSpec, role: str) -> str:
 
 def load(path: Path) -> FleetSpec:
     """The fleet file, validated: ProfileErrors (one line per problem, naming the field)."""
-    data = _read_yaml(path)
+    data = read_yaml(path)
     try:
         return FleetSpec.model_validate(data)
     except ValidationError as exc:
-        raise ProfileErrors(_pydantic_errors(exc, FleetSpec, {}, str(path))) from None
+        raise ProfileErrors(pydantic_errors(exc, FleetSpec, {}, str(path))) from None
 
 
 def snapshot_id(ref: str, region: str, base: Path) -> tuple[int, str]:

@@ -318,7 +318,7 @@ def bounded_yaml(text: str) -> Any:
     return data
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     try:
         try:
             text = read_text(path, "profile file", MAX_FILE_BYTES)
@@ -378,7 +378,7 @@ def _load_chain(path: Path, prov: dict[str, str], chain: list[Path]) -> dict[str
             [ProfileError(_rel(path), "extends", "extends loops back to itself", "break the cycle")]
         )
     chain.append(path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     parent = data.pop("extends", None)
     merged: dict[str, Any] = {}
     if parent is not None:
@@ -397,11 +397,11 @@ def _load_chain(path: Path, prov: dict[str, str], chain: list[Path]) -> dict[str
 
 def load_catalog(profiles_dir: Path) -> Catalog:
     path = profiles_dir / CATALOG_FILE
-    data = _read_yaml(path)
+    data = read_yaml(path)
     try:
         return Catalog.model_validate(data)
     except ValidationError as exc:
-        raise ProfileErrors(_pydantic_errors(exc, Catalog, {}, _rel(path))) from None
+        raise ProfileErrors(pydantic_errors(exc, Catalog, {}, _rel(path))) from None
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
@@ -420,7 +420,7 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None
     return None
 
 
-def _pydantic_errors(
+def pydantic_errors(
     exc: ValidationError, model: type[BaseModel], prov: dict[str, str], default_file: str
 ) -> list[ProfileError]:
     out = []
@@ -493,7 +493,7 @@ def resolve(tier: str, profiles_dir: Path | None = None,
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileErrors(_pydantic_errors(exc, Profile, prov, _rel(path))) from None
+        raise ProfileErrors(pydantic_errors(exc, Profile, prov, _rel(path))) from None
     catalog = load_catalog(pdir)
     errors = _check(profile, catalog, prov, _rel(path), _rel(pdir / CATALOG_FILE))
     if profile.tier != tier:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench import _count as positive
+from .bench import positive_int
 from .verify import PROFILE_JSON, VerifyError, parse_target, preflight, remote
 
 GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % above minute 1
@@ -232,9 +232,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "latency and memory per minute")
     sp.add_argument("--host", required=True, help="HOST[:PORT] (SSH), podman://NAME or local://")
     sp.add_argument("--profile", metavar="TIER", help="fail unless the machine is this tier")
-    sp.add_argument("--minutes", type=positive, default=10)
-    sp.add_argument("--concurrency", type=positive, help="default: the profile's target concurrency")
-    sp.add_argument("--max-tokens", type=positive, default=64, help="tokens per completion")
+    sp.add_argument("--minutes", type=positive_int, default=10)
+    sp.add_argument("--concurrency", type=positive_int, help="default: the profile's target concurrency")
+    sp.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per completion")
     sp.add_argument("--user", default="root")
     sp.add_argument("--identity", help="SSH private key")
     sp.add_argument("--out", default="build/soak/soak.json")
