@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from inference_image.profiles import ProfileErrors, resolve
-from inference_image.render import files
+from inference_image.render import files, unsafe_yaml
 from inference_image.schema import CatalogModel, Profile
 
 # what the hostile-input review reproduced (issue 67), then what the generator adds
@@ -111,8 +111,9 @@ _Tagged.add_constructor("!unsafe", lambda loader, node: ("UNSAFE", loader.constr
 
 
 def untagged_strings(node: Any) -> list[str]:
+    """Strings Ansible would template: a template's opening, not tagged !unsafe."""
     if isinstance(node, str):
-        return [node]
+        return [node] if any(o in node for o in ("{{", "{%", "{#")) else []
     if isinstance(node, tuple):  # ("UNSAFE", value)
         return []
     if isinstance(node, dict):
@@ -191,3 +192,27 @@ def test_a_harmless_value_still_renders_as_given(pdir: Path) -> None:
     assert out is not None
     assert json.loads(out["etc/inference-image/profile.json"])["profile"]["description"] == \
         "cpu tier; $HOME stays text"
+
+
+class _AnsibleLike(yaml.SafeLoader):
+    """Reads !unsafe as ansible-core 2.19 does: the scalar's type from its plain form."""
+
+
+def _plain(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
+    return loader.construct_object(yaml.ScalarNode(tag, node.value))
+
+
+_AnsibleLike.add_constructor("!unsafe", _plain)
+
+
+@pytest.mark.parametrize("tier", ["cpu", "h100", "h200x8"])
+def test_extra_vars_yaml_holds_the_json_values_with_their_types(tier: str) -> None:
+    """"580" stays a string: ansible-core 2.19 reads an !unsafe scalar by its plain form again, so
+    only strings that could be templates carry the tag (a driver branch of "580" became an int)."""
+    out = {p: t for p, (t, _) in files(resolve(tier)).items()}
+    doc = yaml.load(out["ansible/extra-vars.yml"], Loader=_AnsibleLike)
+    assert doc == json.loads(out["ansible/extra-vars.json"])
+    # and a value that could be a template is still tagged, so it stays a string
+    hostile = {"x": "{{ 7*7 }}", "n": "580"}
+    assert yaml.load(unsafe_yaml(hostile), Loader=_AnsibleLike) == hostile

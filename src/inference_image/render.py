@@ -467,14 +467,26 @@ def _unsafe_mapping(d: yaml.SafeDumper, v: dict[str, Any]) -> yaml.MappingNode:
         for k, x in sorted(v.items())])
 
 
-_UnsafeDumper.add_representer(
-    str, lambda d, v: d.represent_scalar("!unsafe", v, style='"'))
+# Only a string with a template's opening ({{, {%, {#) can be templated, and only those carry the
+# tag: ansible-core 2.19 reads the value under !unsafe by its plain form again, so "580" would
+# come back an int.
+JINJA_OPENERS = ("{{", "{%", "{#")
+
+
+def _unsafe_str(d: yaml.SafeDumper, v: str) -> yaml.ScalarNode:
+    if any(o in v for o in JINJA_OPENERS):
+        return d.represent_scalar("!unsafe", v, style='"')
+    return d.represent_str(v)
+
+
+_UnsafeDumper.add_representer(str, _unsafe_str)
 _UnsafeDumper.add_representer(dict, _unsafe_mapping)
 
 
 def unsafe_yaml(data: dict[str, Any]) -> str:
-    """`data` as YAML that Ansible loads without templating any string (each tagged !unsafe)."""
-    head = "# Rendered: every string is !unsafe (Ansible never templates it). Do not edit.\n"
+    """`data` as YAML that Ansible loads without templating any string: each one that holds a
+    template's opening is tagged !unsafe."""
+    head = "# Rendered: no string here is ever templated by Ansible (!unsafe). Do not edit.\n"
     return head + yaml.dump(data, Dumper=_UnsafeDumper, sort_keys=True, default_flow_style=False,
                             allow_unicode=False, width=4096)
 
@@ -527,8 +539,9 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)
     xv = ansible_vars(r)
-    # Ansible reads extra-vars.yml, every string in it marked !unsafe: a value from a profile or
-    # the catalog is data, never a template Ansible would evaluate. The same values as JSON are for
+    # Ansible reads extra-vars.yml, where a string that could be a template is !unsafe: a value
+    # from a profile or the catalog is data, never a template Ansible would evaluate. The same
+    # values as JSON are for
     # readers that are not Ansible (jq in the Makefile, scripts/fetch-wheels, tests).
     out["ansible/extra-vars.yml"] = (unsafe_yaml(xv), 0o644)
     out["ansible/extra-vars.json"] = (json.dumps(xv, sort_keys=True, indent=2) + "\n", 0o644)
