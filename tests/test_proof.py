@@ -25,7 +25,7 @@ from conftest import free_port
 from inference_image import bench
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
-from inference_lab import cli, gpu_bench, proof
+from inference_lab import cli, gpu_bench, nodes, proof
 
 
 @contextlib.contextmanager
@@ -1787,3 +1787,67 @@ def test_a_file_as_out_is_one_line_not_a_traceback(tmp_path, capsys):
     assert cli.main(["proof", "step", "assemble", "--out", str(f)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "Fix:" in err, err
+
+
+STANDIN_STAGE = r'''#!/usr/bin/env python3
+"""Stands in for vLLM on both sides of a multi-node instance: the head (`-m
+vllm.entrypoints.openai.api_server ... --port N`) waits until the node has written its file, then
+serves as STANDIN_VLLM does; a node (`-m vllm.entrypoints.cli.main serve ... --headless`) writes
+its argv and GPUs to $STANDIN_NODE and waits to be stopped."""
+import time
+''' + STANDIN_VLLM.split('"""', 2)[2].replace(
+    'port = int(', 'if "--headless" in sys.argv:\n'
+    '    with open(os.environ["STANDIN_NODE"], "w") as f:\n'
+    '        json.dump({"argv": sys.argv[1:], "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)\n'
+    '    time.sleep(600)\n'
+    'while not os.path.exists(os.environ["STANDIN_NODE"]):\n'
+    '    time.sleep(0.1)\n'
+    'port = int(', 1)
+
+
+def test_a_profile_over_two_nodes_starts_each_stage_as_its_droplet_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu-2node on one machine: the head and the node each from their own copy of the render, each
+    with the fleet file user-data would write, their ranks, addresses and GPUs from the render's
+    own inference-run and inference-join; the node stopped with the head. Stand-ins: vLLM, bench."""
+    python = tmp_path / "python"
+    python.write_text(STANDIN_STAGE)
+    python.chmod(0o755)
+    (tmp_path / "requests.log").touch()
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "requests.log"))
+    monkeypatch.setenv("STANDIN_NODE", str(tmp_path / "node.json"))
+    monkeypatch.setattr(proof.Runner, "_bench_rows", lambda self, label, port, model, conc, *a, **k: [
+        {"concurrency": c, "output_tok_s": 1.0, "ttft_ms_mean": 1.0, "ttft_ms_p99": 1.0,
+         "tpot_ms_mean": 1.0} for c in conc])
+    inst = free_port()
+    step = proof.Step("profile", label="pp2", concurrency=(1,),
+                      sets=(f"serving.base_port={inst}",))
+    runner = proof.Runner(plan=proof.Plan(tier="cpu-2node", steps=[step]), out=tmp_path / "out",
+                          work=tmp_path / "work", model_dir=tmp_path / "model", python=str(python))
+    runner.run()
+    res = json.loads((tmp_path / "out" / "proof.json").read_text())
+    assert "failed" not in res, res.get("failed")
+    addr, _ = nodes.host_address()
+    argv = res["commands"]["pp2"]["argv"]
+    head, node = argv["vllm-0"], argv["vllm-0 node 1"]
+    assert f"--node-rank 0 --master-addr {addr} " in head and "--headless" not in head
+    assert f"--node-rank 1 --master-addr {addr} " in node and " --headless" in node
+    ran = json.loads((tmp_path / "node.json").read_text())
+    assert ran["argv"][:2] == ["-m", "vllm.entrypoints.cli.main"] and "--headless" in ran["argv"]
+    assert ran["gpus"] is None  # the cpu tier names no GPUs; a GPU tier's node takes the next block
+    assert json.loads((tmp_path / "work/render/pp2-node1/etc/inference-image/fleet.json")
+                      .read_text()) == {"role": "node", "rank": 1, "head": addr}
+    assert [r["concurrency"] for r in res["runs"]["pp2"]] == [1]
+    assert not proof.serving(inst)
+    assert "node_exits" not in res
+    # the node's process is gone with the head's
+    assert subprocess.run(["pgrep", "-f", str(tmp_path / "work/render/pp2-node1")],
+                          check=False).returncode == 1
+
+
+def test_a_node_takes_the_next_block_of_gpus(tmp_path: Path) -> None:
+    (tmp_path / "r/etc/inference-image").mkdir(parents=True)
+    group = nodes.prepare(tmp_path / "r", 2, [0, 1])
+    assert [(n.rank, n.gpus, n.env()["CUDA_VISIBLE_DEVICES"]) for n in group] == [
+        (0, (0, 1), "0,1"), (1, (2, 3), "2,3")]
+    assert json.loads((tmp_path / "r/etc/inference-image/fleet.json").read_text())["role"] == "head"

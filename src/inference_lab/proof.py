@@ -55,7 +55,7 @@ from inference_image.profiles import (
 from inference_image.render import NATIVE_SAMPLER, render
 from inference_image.schema import acceptance_problem, bad_scenario_spec, scenario_spec
 
-from . import gpu_bench, stacks, trace
+from . import gpu_bench, nodes, stacks, trace
 from .trace import middle
 
 StepKind = Literal["info", "bandwidth", "gemm", "attention", "tune", "models", "vanilla", "profile",
@@ -986,6 +986,8 @@ class Runner:
     cut_at: tuple[str, float] | None = None
     # the step's server CPUs while its clients are pinned apart (Step.client_cpus)
     server_cpus: frozenset[int] | None = None
+    # a render over several nodes (serving.nodes): the nodes besides the head, by step label
+    node_runs: dict[str, list[nodes.Node]] = field(default_factory=dict)
 
     @property
     def doc_path(self) -> Path:
@@ -1445,6 +1447,12 @@ class Runner:
         rdir = self.work / "render" / label
         render(r, rdir)
         units = rdir / "etc/inference-image/units"
+        if r.profile.serving.nodes > 1:
+            try:
+                group = nodes.prepare(rdir, r.profile.serving.nodes, list(r.instances[0].gpu_ids))
+            except nodes.NodesError as exc:
+                raise ProofError(f"{label}: {exc}") from None
+            self.node_runs[label] = group[1:]
         length, rates = ((published_acceptance(r)) if step.published_acceptance
                          else (step.acceptance_length, step.acceptance_rates))
         span = published_length_range(r) if step.published_acceptance else None
@@ -1482,9 +1490,17 @@ class Runner:
                "DRAFT_PATH": str(self.made(draft) if spec.draft else draft),
                "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
                **self._cache_env(cache), **({FP8_TABLE_ENV: str(table)} if table else {})}
+        if label in self.node_runs:  # inference-join finds the group's addresses with `ip`
+            env["PATH"] = nodes.path_with_ip(os.environ.get("PATH", ""))
+            # a node's stage runs `vllm serve --headless`: vLLM's console script, which the
+            # carried wheels lack (the head runs `python -m`, as the image does)
+            env["INFERENCE_VLLM"] = str(nodes.vllm_script(self.work / "bin", self.python))
         runners = {i.name: [str(rdir / "usr/local/bin/inference-run"), i.name]
                    for i in r.instances}
         argv = {name: dry_run(runner, env) for name, runner in runners.items()}
+        for node in self.node_runs.get(label, []):
+            argv[f"{r.instances[0].name} node {node.rank}"] = dry_run(
+                node.runner(r.instances[0].name), {**env, **node.env()})
         self.results.setdefault("commands", {})[label] = {
             "sets": list(step.sets), **({"fp8_scales": step.fp8_scales} if step.fp8_scales
                                         else {}),
@@ -1557,7 +1573,8 @@ class Runner:
         servers: list[Server] = []
         try:
             self._start_instances(label, r, runners, env, cache, servers)
-            rows = []
+            # each row joins the record as it is summed: a cut-off step keeps the rows it finished
+            rows = self.results.setdefault("runs", {}).setdefault(label, [])
             model = r.profile.model.target
             for inst in r.instances:
                 self._settle(f"{label}-{inst.name}", inst.port, model, r)
@@ -1569,7 +1586,6 @@ class Runner:
                                              i.port, model, [c // n], r, (sc,), step.sampling)
                                  for i in r.instances]
                         rows.append(sum_rows(c, [f.result()[0] for f in parts]))
-            self.results.setdefault("runs", {})[label] = rows
         except bench.BenchError as exc:
             raise ProofError(str(exc)) from None
         finally:
@@ -1625,8 +1641,38 @@ class Runner:
             self.results.setdefault("backends", {})[label] = backends(
                 self.work / "logs" / f"{label}-{r.instances[0].name}.log")
 
+    def _start_nodes(self, label: str, unit: str, env: dict[str, str]) -> list[Server]:
+        """The stages of a render over several nodes besides the head's, each as a droplet of
+        the tier runs it (`inference-run` on its own copy of the render), started before the
+        head, which answers /health once they have joined it."""
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        started = []
+        for node in self.node_runs.get(label, []):
+            # a node serves no HTTP: its port is only start's check that nothing answers there
+            started.append(start(node.runner(unit), {**env, **node.env()},
+                                 self.work / "logs" / f"{label}-node{node.rank}.log", 0,
+                                 self.server_cpus))
+        return started
+
+    def _stop_nodes(self, label: str, started: list[Server]) -> None:
+        for srv in started:
+            code = srv.proc.poll()
+            srv.stop()
+            self.results.setdefault("backends", {})[srv.log.stem] = backends(srv.log)
+            if code:  # a node that died first is why its head failed: say so in the record
+                self.results.setdefault("node_exits", {})[srv.log.stem] = {
+                    "exit": code, "cause": failure_cause(srv.log.read_text(errors="replace"))}
+
     def step_profile(self, step: Step) -> None:
         r, runner, env, port, cache = self._instance(step)
+        label = step.name()
+        if label in self.node_runs:
+            started = self._start_nodes(label, r.instances[0].name, env)
+            try:
+                self._serve(label, runner, env, port, r.profile.model.target, step, r, cache)
+            finally:
+                self._stop_nodes(label, started)
+            return
         if len(r.instances) > 1:
             # one instance of several (h100x8's first pair of GPUs): its rows are that
             # instance's, and the record says so beside the command
