@@ -654,8 +654,9 @@ def _check(
             err("serving.nodes", f"{s.instances} instances, but an instance over {s.nodes} nodes "
                 "is the one model those machines serve", "set serving.instances: 1")
         if spec.method != "none":
-            err("serving.nodes", f"speculative decoding ({spec.method}) across nodes is not proven "
-                "by this project (no multi-node run of it)",
+            err("serving.nodes", f"speculative decoding ({spec.method}) across nodes is not "
+                "served: vLLM's default model runner refuses EAGLE-3 with pipeline stages "
+                "(docs/tiers/cpu-2node.md#speculative)",
                 "set model.speculative.method: none, or serving.nodes: 1")
         if target and target.num_layers < s.nodes:
             err("serving.nodes", f"{m.target} has {target.num_layers} layers, fewer than "
