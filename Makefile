@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate boot boot-stop e2e clean
 
 help: ## this list
@@ -108,6 +108,9 @@ validate-profiles: setup ## check every profile
 
 render: setup ## render GPU=<tier> (default cpu) into OUT=build/<tier>
 	$(BIN)/inference-image render --profile $(GPU) --out $(OUT)
+
+evidence: setup ## rewrite docs/results.md and docs/charts/ from the records under docs/benchmarks/ (a test checks they are current)
+	$(BIN)/inference-lab ledger --write
 
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from inference_image import __version__
 from inference_image.cli import run
 
-from . import proof
+from . import ledger, proof
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     proof.register(sub)
+    ledger.register(sub)
     return ap
 
 
