@@ -120,6 +120,17 @@ def test_ports_bound_where_they_should_be(root: Any, profile: dict[str, Any]) ->
     assert bind in bound.get(rt["port"], set()), f"public port {rt['port']} bound to {bound.get(rt['port'])}"
 
 
+@pytest.mark.serving
+def test_public_port_is_held_for_nginx(root: Any, profile: dict[str, Any]) -> None:
+    """nginx.socket holds the public port and nginx serves on that one socket (inherited, none of
+    its own), so a killed nginx leaves the port open: the faults suite counts the requests."""
+    port = profile["router"]["port"]
+    assert root.run("systemctl is-active nginx.socket").stdout.strip() == "active"
+    lines = root.run(f"ss -Hltnp 'sport = :{port}'").stdout.strip().splitlines()
+    assert len(lines) == 1, f"port {port}: one listening socket expected: {lines}"
+    assert '"systemd"' in lines[0] and '"nginx"' in lines[0], lines[0]
+
+
 def test_model_cache_present(root: Any, profile: dict[str, Any]) -> None:
     for m in profile["models"]:
         assert root.file(f"{m['path']}/config.json").is_file, f"{m['name']}: no config.json in {m['path']}"

@@ -52,3 +52,29 @@ def test_the_ceilings_are_not_the_old_units(tmp_path: Path) -> None:
     old.write_text("[Service]\nExecStart=/bin/true\nUser=nobody\nNoNewPrivileges=yes\n"
                    "ProtectSystem=full\nProtectHome=yes\nPrivateTmp=yes\n")
     assert exposure(old) > max(EXPOSURE_CEILINGS.values())
+
+
+PARSE_PROBLEM = re.compile(r"Unknown key|Unknown section|Failed to parse|[Ii]nvalid|Unknown lvalue|"
+                           r"Missing '='|not a valid|Ignoring unknown")
+
+
+@pytest.mark.parametrize("tier", ["cpu", "h100", "cpu-2node"])
+def test_every_rendered_unit_parses_as_systemd_reads_it(tmp_path: Path, tier: str) -> None:
+    """systemd ignores a key it does not know with a warning, and the unit runs without it: each
+    rendered unit (nginx's drop-in on a unit of Debian's shape) read by `systemd-analyze verify`
+    gives no such warning."""
+    if not shutil.which("systemd-analyze"):
+        pytest.fail("systemd-analyze is missing: apt-get install systemd")
+    render(resolve(tier), tmp_path)
+    units = tmp_path / "etc/systemd/system"
+    (units / "nginx.service").write_text(
+        "[Unit]\nDescription=nginx\n[Service]\nType=forking\nPIDFile=/run/nginx.pid\n"
+        "ExecStart=/usr/sbin/nginx -g 'daemon on; master_process on;'\n")
+    files = sorted(p for p in units.iterdir() if p.is_file())
+    assert {"nginx.socket", "vllm@.service", "inference.target"} <= {p.name for p in files}
+    for unit in files:
+        out = subprocess.run(["systemd-analyze", "verify", "--root=/", str(unit)],
+                             capture_output=True, text=True, check=False, cwd=units)
+        problems = [line for line in (out.stdout + out.stderr).splitlines()
+                    if PARSE_PROBLEM.search(line)]
+        assert not problems, f"{tier} {unit.name}: {problems}"

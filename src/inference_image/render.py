@@ -523,7 +523,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
             u=u)
     for name in ("vllm@.service", "vllm-router.service", "inference.target",
                  "inference-firstboot.service", "inference-acme.service", "inference-acme.timer",
-                 "inference-join.service", "inference-join.timer"):
+                 "inference-join.service", "inference-join.timer", "nginx.socket"):
         tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
     tpl("etc/systemd/system/nginx.service.d/inference-image.conf.j2",
         "etc/systemd/system/nginx.service.d/inference-image.conf")
