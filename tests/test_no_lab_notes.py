@@ -3,7 +3,10 @@ and links to its evidence; measured figures and run numbers live in docs/ only (
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -37,3 +40,37 @@ def test_the_rule_finds_what_it_is_for(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("a: 1  # 1.78x vanilla at c=1 (run 44)\nb: 2  # the 8x H100 tier\n")
     assert [i for i, t in comments(f) if FIGURE.search(t)] == [1]
+
+
+# Python: a run number, a measured ratio or a measured time (units and thresholds such as "tok/s"
+# or "10 %" name what is measured, not a measurement)
+PY_FIGURE = re.compile(r"\bruns? \d+\b(?! \+)|\b\d+\.\d+x\b|\b\d+\.\d+ (ms|s|us)\b")
+PY_FILES = sorted(p for d in ("src/inference_image", "plugins/vllm/inference_image_vllm")
+                  for p in (ROOT / d).rglob("*.py"))
+
+
+def python_notes(path: Path) -> list[tuple[int, str]]:
+    """Every comment and docstring of a Python file, with its line."""
+    src = path.read_text()
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(src).readline)
+           if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out.append((node.body[0].lineno, doc))
+    return out
+
+
+@pytest.mark.parametrize("path", PY_FILES, ids=[str(p.relative_to(ROOT)) for p in PY_FILES])
+def test_no_run_number_or_measured_figure_in_the_products_python(path: Path) -> None:
+    hits = [f"{path.relative_to(ROOT)}:{i}: {m[0]!r} in {text.strip()[:100]!r}"
+            for i, text in python_notes(path) for m in PY_FIGURE.finditer(text)]
+    assert not hits, "figures belong in docs/ (link the evidence instead):\n" + "\n".join(hits)
+
+
+def test_the_python_rule_finds_what_it_is_for(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text('"""Fast (run 37: 3.30 ms)."""\nX = 1  # each step runs 1 + k tokens\n'
+                 'Y = 2  # 1.4x vanilla\n')
+    assert sorted(i for i, t in python_notes(f) if PY_FIGURE.search(t)) == [1, 3]

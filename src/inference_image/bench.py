@@ -42,27 +42,26 @@ MIN_PROMPTS = 8
 
 def num_prompts(concurrency: int, per: int, floor: int = MIN_PROMPTS) -> int:
     """per x concurrency, at least `floor`: at low concurrency one slow request in a handful
-    moves the mean TTFT (run 7: one of 8 requests at c=1 turned a 1 ms lead into a 2 ms loss)."""
+    moves the mean TTFT."""
     return max(floor, per * concurrency)
 
 
 # Added to a measured run's seed for the warm-up run before it: vLLM's own warm-up (and its ready
 # check) sends the run's first prompt, so that prompt was a prefix-cache hit when it was measured
-# (every row's first TTFT, run 16: 35-50 ms where the others took 70-200).
+# (every row's first TTFT read a cached prompt).
 WARMUP_SEED = 1_000_003
 
 # Output tokens of a warm-up answer after a scenario's first row. The first row's warm-up answers
 # in full, so every context length of the scenario has been served once; after it a warm-up only
 # needs the row's batch shape (CUDA graphs are captured at start for every size). Full answers
-# made the warm-ups the longest part of a 70B proof (run 20: 13-20 s a row at 1024 tokens).
+# made the warm-ups the longest part of a 70B proof.
 WARMUP_SHORT_OUTPUT = 64
 
 
 def run_seed(seed: int, sc: Scenario, c: int) -> int:
     """A row's seed: apart per concurrency and per scenario. vLLM's random dataset draws each
     prompt's start from the seed alone, so with one seed a 1024-token prompt began with the
-    512-token prompt of the same index, and a scenario run after another was partly prefix-cached
-    (run 16's vanilla: 1024-token TTFT 80 ms against 74 ms at 512)."""
+    512-token prompt of the same index, and a scenario run after another was partly prefix-cached."""
     return seed + c + 1000 * list(SCENARIOS).index(sc.name)
 
 
@@ -131,9 +130,7 @@ def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> di
 def ttft_each(d: dict[str, Any]) -> dict[str, list[float]]:
     """Each request's TTFT in ms, in the order the requests were sent (vLLM's detailed result;
     empty where it has none), and when it was sent, ms after the row's first request: whether
-    two first tokens waited on one step of both prompts or one on the other's is in the sends
-    (run 31, chat c=2 on the h200: each of the image's requests waited ~157 ms, vanilla's ~88 and
-    ~180 in turn, and the rows held no send times to say why)."""
+    two first tokens waited on one step of both prompts or one on the other's is in the sends."""
     ttfts, starts = d.get("ttfts") or [], d.get("start_times") or []
     if not ttfts:
         return {}

@@ -731,8 +731,8 @@ def _check(
             most = int((1 - TP_OUTSIDE_MIN_GIB / hw.gpu_memory_gib) * 100) / 100
             err("serving.gpu_memory_utilization",
                 f"{s.gpu_memory_utilization} leaves {outside:.1f} GiB a GPU outside vLLM's share at "
-                f"TP={tp}; an instance at TP=2 with 6.4 GiB outside ran out of memory at start "
-                f"(run 47), one with 9.55 started: leave at least {TP_OUTSIDE_MIN_GIB}",
+                f"TP={tp}, where NCCL's and CUDA's own buffers live: leave at least "
+                f"{TP_OUTSIDE_MIN_GIB} (docs/tiers/h100x8.md#gpu_memory_utilization)",
                 f"set serving.gpu_memory_utilization at most {most} on {hw.gpu_memory_gib} GiB")
         if hw.gpu_count and not errs:
             fit = _fit(p, target, draft)

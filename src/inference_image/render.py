@@ -207,8 +207,8 @@ def draft_attends_otherwise(r: Resolved) -> bool:
 # vLLM 0.26 samples top-p and top-k with FlashInfer on NVIDIA GPUs (flashinfer-python is one of
 # its requirements), and FlashInfer builds that kernel with nvcc at its first use. The image has
 # no CUDA compiler (torch's wheels bring CUDA's libraries, not nvcc), and every GPU tier's start
-# warms that sampler up: without this the h100 render did not start (run 50). vLLM's own top-p
-# path needs no compiler. The proof's vanilla servers run it too.
+# warms that sampler up, so a GPU render would not start. vLLM's own top-p path needs no compiler.
+# The proof's vanilla servers run it too (docs/decisions.md, "No CUDA compiler in the image").
 NATIVE_SAMPLER = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
@@ -255,9 +255,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         if p.serving.cudagraph_mode == "full_and_decode":
             env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
         if p.serving.flash_attention_3 and draft_attends_otherwise(r):
-            # vLLM 0.26 hands a draft the FA3 schedule of its target's heads: the 70B's EAGLE-3
-            # head stopped the engine at its first chat prompt at TP=2 (run 43; the plugin's
-            # schedule.py)
+            # vLLM 0.26 hands a draft the FA3 schedule of its target's heads, which stops the
+            # engine where the draft's heads differ (the plugin's schedule.py)
             env["INFERENCE_IMAGE_DRAFT_SCHEDULE"] = "1"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
@@ -277,9 +276,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
 def router_policy(r: Resolved, fleet: bool = False) -> str:
     """The profile's router policy; `auto`: cache_aware where there is a choice (several
     instances, a fleet's workers), round_robin before one instance. vllm-router 0.1.17's
-    cache_aware asks every worker's /v1/completions/render before it routes a request; in front of
-    one H100 instance that cost TTFT +4 ms mean at c=1 and +105 ms at c=64 (-4 % tok/s), where
-    round_robin measured within the spread of no router at all (docs/benchmarks.md, run 19)."""
+    cache_aware asks every worker's /v1/completions/render before it routes a request, which costs
+    first tokens where there is no choice to make (docs/decisions.md, "The router")."""
     policy = r.profile.router.policy
     if policy != "auto":
         return policy

@@ -170,8 +170,7 @@ class Versions(Strict):
 
 class Speculative(Strict):
     # ngram_gpu: vLLM's prompt lookup matched on the GPU instead of in the engine's Python. No tier
-    # ships it: on an H100 every step verifies k + 1 tokens whether a match was found or not, on
-    # vLLM's V1 runner, and cost 3.7x a draft-off step at c=1, 1.7x at c=64 (run 27; docs/
+    # ships it: every step verifies k + 1 tokens whether a match was found or not (docs/
     # decisions.md, "Prompt lookup and suffix decoding")
     method: Literal["none", "ngram", "ngram_gpu", "draft_model", "eagle3"] = "none"
     draft: Name | None = Field(None, description="catalog name of the draft model or EAGLE head")

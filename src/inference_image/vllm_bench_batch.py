@@ -2,9 +2,8 @@
 
 Run BY vLLM's Python, as a file (`PYTHON vllm_bench_batch.py PLAN.json`): it imports only the
 standard library and vLLM, so it works in a venv that lacks this package. A `vllm bench serve`
-process per concurrency pays vLLM's import each time: run 7 (docs/benchmarks.md) spent 32-41 s
-per concurrency outside the 9-27 s of load on the H100 machine. Importing once leaves vLLM's own
-test and warm-up requests per run (on the build host: 17-21 s -> 6-11 s per run).
+process per concurrency pays vLLM's import each time, longer than many rows' load. Importing
+once leaves vLLM's own test and warm-up requests per run.
 
 PLAN.json: a list of argument lists, each what follows `vllm bench serve` on its command line.
 For every entry it prints one line `@@bench {"i": N, "rc": 0|1, "error": "..."}` on stdout after

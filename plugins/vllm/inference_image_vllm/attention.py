@@ -1,21 +1,20 @@
 """Small decode batches through vLLM's Triton attention kernels inside its FlashAttention backend.
 
-Measured on an H100 (docs/benchmarks.md, run 8): with vLLM's TRITON_ATTN backend a concurrency-1
-decode step is 0.28 ms shorter than with FA3 (TPOT 3.76 vs 4.04 ms), because for one query per
-sequence Triton's split-KV kernel is quicker than FA3's, its KV-cache write is a lighter kernel,
-and it can write the o_proj input in FP8 itself (vLLM's attention+quant fusion), which removes a
-kernel per layer. FA3 is far quicker at prefill and at large batches (TTFT 25 vs 33 ms at c=1,
-8966 vs 7967 tok/s at c=64), and vLLM picks one backend for every batch.
+With vLLM's TRITON_ATTN backend a concurrency-1 decode step is shorter than with FA3, because for
+one query per sequence Triton's split-KV kernel is quicker than FA3's, its KV-cache write is a
+lighter kernel, and it can write the o_proj input in FP8 itself (vLLM's attention+quant fusion),
+which removes a kernel per layer. FA3 is far quicker at prefill and at large batches, and vLLM
+picks one backend for every batch (docs/decisions.md, "The plugin's own kernels at concurrency 1").
 
 This keeps FA3 and its KV-cache layout (the same as Triton's in vLLM 0.26) and routes batches of at
 most `max_tokens` tokens, one query token a sequence, through the Triton kernels. A speculative
 verify step (1 + k tokens a sequence) stays on FA3 unless `verify` is set: vLLM's own choice for
-it is Triton's 2D kernel, which does not split the context (one CTA per KV head), and that grew
-the 70B's TPOT at c=1 from 12.4 ms to 13.0-16.3 ms with the context (docs/benchmarks.md, run 16).
+it is Triton's 2D kernel, which does not split the context (one CTA per KV head), so a long
+context makes it slower than FA3.
 With `verify`, such a step runs Triton's split-KV (3D) kernel instead, which walks each
 sequence's own query length under the causal mask as the 2D one does; vLLM only chooses it for one
 query token a sequence. Whole-step FULL graphs ran verify steps that way by accident (their small
-mixed graphs are captured from one token a request) and were quicker at c=1-2 (run 37).
+mixed graphs are captured from one token a request) and were quicker at c=1-2.
 The choice is made when vLLM captures a CUDA graph for a batch size, so each graph holds one path;
 a batch that runs eagerly (larger than every graph) goes to FA3. With the fusion on, FA3's path
 writes bfloat16 into a scratch buffer and quantizes it, the same kernel vLLM would otherwise run

@@ -4,16 +4,16 @@ vLLM 0.26 offers two ways to graph a model with FlashAttention 3 that matter her
 - FULL_AND_PIECEWISE (its default): a uniform decode step (every request runs 1 + k tokens) replays
   a whole-step graph captured for that many requests; a step that reads a prompt runs graphs split
   at each attention call, and the host runs attention in Python between them, layer by layer. On
-  the h100 profile that host time is longer than the GPU's work for a prefix-cache hit (run 36:
-  7.1 ms of GPU work issued in 10-16 ms), and for a 512-token prompt joining 64 decoding streams
-  (run 37: 10.6-18.1 ms of host time for 13.2-16.7 ms of GPU work).
-- FULL: every step up to the capture size replays one whole-step graph, which ends that wait (run
-  36: chat TTFT at c=1 19.2 against 27.5 ms), but it has one routine for every step: a decode step
+  the h100 profile that host time is longer than the GPU's work for a prefix-cache hit, and for a
+  512-token prompt joining 64 decoding streams.
+- FULL: every step up to the capture size replays one whole-step graph, which ends that wait,
+  but it has one routine for every step: a decode step
   replays the mixed-batch graph of its token count, captured for min(tokens, max_num_seqs)
   requests with the remainder in the last one. On the h100 profile a 64-request decode step (256
   tokens) replays a graph captured with 96 requests, one of them 66 tokens long, and FlashAttention
   3 baked its large-query tile (128 x 192, three warp groups) into it instead of the decode tile
-  (64 x 96): attention took 3.30 against 2.43 ms a step, and tok/s fell 4-7 % at c=32-64 (run 37).
+  (64 x 96), and decode steps grew slower (docs/decisions.md, "Whole-step graphs, with decode
+  graphs of their own").
 
 This keeps FULL and adds FULL_AND_PIECEWISE's decode graphs beside its mixed ones, in vLLM's Model
 Runner V2 (the runner vLLM 0.26 picks for the dense models of the FA3 tiers): its CUDA graph

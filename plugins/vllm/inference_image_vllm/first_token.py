@@ -3,11 +3,9 @@
 With async scheduling vLLM's engine core keeps two steps in flight: it launches step N+1 before it
 reads step N's output, so that the GPU never waits for the host. For the step that finishes a
 prompt, that order puts the host's launch of the next step (scheduling, input preparation, the
-target's graph, and with a draft the sampler and the proposer's passes: 1.7 ms of host time a step
-on the h100 profile at c=1, run 15's trace) between the GPU finishing the first token and the
-server sending it, wherever that launch is not over by the time the prefill is. On the h100 profile
-that cost showed: with this rule the first token of a 512-token prompt came 3 ms sooner on average
-at c=1 (run 24, docs/benchmarks.md), with the same tokens and tok/s.
+target's graph, and with a draft the sampler and the proposer's passes) between the GPU finishing
+the first token and the server sending it, wherever that launch is not over by the time the
+prefill is (docs/decisions.md, "The first token before the next step's launch").
 
 This rule changes that order for one kind of step only: one where every request is still reading
 its prompt and at least one finishes it (at c=1, every request's first step, or the last chunk of a

@@ -1,8 +1,8 @@
 """An FP8 GEMV in Triton for decode batches of 1-4 rows.
 
-At concurrency 1 the weight GEMMs are 71 % of a decode step on an H100, and vLLM's kernels read
-the small projections far below the memory bandwidth (run 6: Cutlass at 65 % for o_proj's 16.8 MB,
-77 % for qkv's 25 MB, docs/benchmarks.md). A GEMV has nothing to tile for: each program streams
+At concurrency 1 the weight GEMMs are most of a decode step, and vLLM's kernels read the small
+projections below the memory bandwidth (docs/decisions.md, "The plugin's own kernels at
+concurrency 1"). A GEMV has nothing to tile for: each program streams
 BLOCK_N whole weight rows (contiguous in vLLM's column-major [K, N] layout) and keeps a float32
 partial sum per row, so the grid is as wide as N / BLOCK_N and every load is a full-width row
 segment. Which block shape, if any, beats Cutlass is measured per weight shape and batch size by

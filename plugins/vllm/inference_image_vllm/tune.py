@@ -14,8 +14,8 @@ against a float32 product of the same FP8 values).
 Past --max-m, up to --prefill-to rows (a step's token budget), the table covers row ranges: a
 prefill step's GEMMs run at its exact token count (a 512-token prompt beside one decoding stream
 is 513 rows), and vLLM 0.26's Cutlass tile for more than 128 rows is 128 rows in clusters of two,
-so its time jumps at each 256 rows plus one (the 70B's GEMMs of a step on an H200: 51.9 ms at 512
-rows, 107.7 at 513; cuBLASLt 52.8 and 55.1, docs/benchmarks.md run 32). Each range is measured at its
+so its time jumps at each 256 rows plus one (docs/decisions.md, "The FP8 table covers prefill
+steps too, in row ranges"). Each range is measured at its
 first and its last row and goes to the kernel with the least time of the two together.
 """
 
