@@ -10,8 +10,9 @@ OUT ?= build/$(GPU)
 .PHONY: help deps setup test unit evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs validate boot boot-stop e2e clean
 
+##@ Start here
 help: ## this list
-	@grep -hE '^[a-z0-9][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@awk -F':.*## ' '/^##@ /{printf "\n%s\n", substr($$0, 5); next} /^[a-z0-9][a-z0-9-]*:.*## /{printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Debian/Ubuntu packages the targets use (needs root): podman etc. for molecule, Packer and qemu for
 # images, cloud-image-utils for booting them.
@@ -21,19 +22,20 @@ DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman 
 
 deps: ## apt-get install the system packages every target needs (root)
 	@echo "make deps: apt-get install $(words $(DEB_PACKAGES)) packages (a few minutes on a fresh machine)"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES)
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	@echo "make setup: the Python tools of requirements.txt into $(VENV) (a few minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install --progress-bar off --upgrade pip
+	$(BIN)/pip install --progress-bar off -r requirements.txt
+	$(BIN)/pip install --progress-bar off --no-deps -e .
 	touch $@
 
 setup: $(BIN)/.installed ## create .venv with the pinned Python tools and the inference-image CLI
 
+##@ Test
 test: unit molecule molecule-gpu ## unit tests, the whole playbook in a systemd container, the driver role's user space
 
 unit: setup ## unit tests (exit code 5, no tests collected, fails too)
@@ -100,6 +102,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s validate
 
+##@ Profiles, renders and the evidence
 profiles: setup ## table of GPU tiers
 	$(BIN)/inference-image profiles
 
@@ -126,6 +129,7 @@ BASE_IMAGE := build/base/debian-12-base.qcow2
 PACKER_ONLY_digitalocean := inference-image.digitalocean.droplet
 PACKER_ONLY_qemu := inference-image.qemu.local
 
+##@ Build and use an image
 image-inputs: setup ## render GPU=<tier> and make the build's SSH key and cloud-init seed
 	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
 	scripts/make-seed $(IMAGE_OUT)/id_ed25519 $(IMAGE_OUT)/seed build-$(GPU)
@@ -192,6 +196,7 @@ standin-models: ## weightless stand-ins (config + local tokenizer) of GPU=<tier>
 	@for m in $$(jq -r '.models_list[].name' build/$(GPU)/ansible/extra-vars.json); do \
 	  [ -s build/models-standin/$$m/config.json ] || $(BIN)/python scripts/make-test-model $$m build/models-standin/$$m || exit 1; done
 
+##@ More tests, and cleaning up
 molecule-gpu-playbook: molecule-image ## the h100 tier's whole playbook in a container (vLLM CUDA stack, no GPU; slow: 3.6 GB of wheels)
 	$(MAKE) -s standin-models GPU=h100
 	scripts/fetch-wheels build/h100 >/dev/null
