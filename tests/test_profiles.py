@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, edit
 
-from inference_image.profiles import ProfileErrors, list_tiers, resolve
+from inference_image.profiles import (
+    OWNED_FLAGS,
+    ProfileErrors,
+    default_profiles_dir,
+    extra_args_problems,
+    list_tiers,
+    resolve,
+)
+from inference_image.render import node_argv, vllm_argv
 
 TIERS = ["cpu", "cpu-2node", "h100", "h100x8", "h200", "h200x8", "l40s", "rtx4000ada", "rtx6000ada"]
 
@@ -245,3 +253,23 @@ def test_a_target_scenario_bench_does_not_know_is_one_line(pdir, capsys):
     assert capsys.readouterr().err.strip() == (
         "error: --scenario 'essay' is not a bench scenario: use one of chat, summarization, "
         "long-form, shared-prefix")
+
+
+@pytest.mark.parametrize("sets", [[], ["serving.api_servers=2"], ["serving.stream_interval=4"]])
+def test_every_flag_the_render_writes_is_one_extra_args_may_not_repeat(sets: list[str]) -> None:
+    """OWNED_FLAGS is the one table of flag to field: every flag vllm_argv (and a node's argv)
+    writes is in it, so the extra-args check refuses it with the field to set instead."""
+    written: dict[str, str] = {}
+    for tier in list_tiers(default_profiles_dir()):
+        r = resolve(tier, overrides=sets)
+        for inst in r.instances:
+            argvs = [vllm_argv(r, inst)] + ([node_argv(r, inst)] if r.profile.serving.nodes > 1 else [])
+            for argv in argvs:
+                written |= {a: tier for a in argv[3:] if a.startswith("--")}
+    assert "--max-num-seqs" in written
+    if "serving.api_servers=2" in sets:
+        assert "--api-server-count" in written
+    assert set(written) - set(OWNED_FLAGS) == set(), {f: written[f] for f in set(written) - set(OWNED_FLAGS)}
+    for flag in written:
+        problems = extra_args_problems([flag, "1"])
+        assert problems and problems[0][0] == 0, f"extra_args {flag} is not refused"

@@ -46,6 +46,8 @@ OWNED_FLAGS = {
     "--pipeline-parallel-size": "serving.nodes", "-pp": "serving.nodes", "--nnodes": "serving.nodes",
     "--node-rank": "", "--master-addr": "", "--headless": "", "--master-port": "serving.node_port",
     "--distributed-executor-backend": "serving.nodes",
+    "--api-server-count": "serving.api_servers",
+    "--load-format": "model.target (a catalog entry with local_config serves random weights)",
 }
 # vLLM flags that widen what the server trusts or runs: code from the model's repository or named
 # modules, files of the machine, or its arguments from a file the render never sees.
