@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from conftest import free_port
 from inference_image import bench
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
-from inference_lab import cli, gpu_bench, nodes, proof
+from inference_lab import cli, gpu_bench, nodes, proof, proof_probes, proof_tools
 
 
 @contextlib.contextmanager
@@ -932,9 +933,9 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
                    r: Any, scenarios: tuple[str, ...] = (), sampling: str = "checkpoint",
                    **extra: Any) -> list[dict[str, Any]]:
         body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 1}).encode()
-        req = proof.urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                            {"Content-Type": "application/json"})
-        with proof.urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200
         benched.append({"label": label, "port": port, "seed": extra.get("seed", 0),
                         "metrics_url": extra.get("metrics_url"), "conc": conc,
@@ -1211,8 +1212,8 @@ def test_a_decode_trace_at_several_concurrencies_traces_each_in_one_start(
     (LABEL-c1, -c2, -c4), each summarised from its own timeline only. At TP=2 each of the two
     GPU workers writes a trace, the second a little later; the step waits for both and keeps
     the GPU worker's larger one."""
-    monkeypatch.setattr(proof, "DECODE_WINDOW_S", 0.05)
-    monkeypatch.setattr(proof, "FILE_POLL_S", 0.2)
+    monkeypatch.setattr(proof_tools, "DECODE_WINDOW_S", 0.05)  # the trace step's window
+    monkeypatch.setattr(proof_probes, "FILE_POLL_S", 0.2)  # wait_files' poll
     tdir = tmp_path / "w" / "trace" / "l"
     lock = threading.Lock()
     decoding, greedy_since, written = [0], [0], [0]
@@ -1851,3 +1852,7 @@ def test_a_node_takes_the_next_block_of_gpus(tmp_path: Path) -> None:
     assert [(n.rank, n.gpus, n.env()["CUDA_VISIBLE_DEVICES"]) for n in group] == [
         (0, (0, 1), "0,1"), (1, (2, 3), "2,3")]
     assert json.loads((tmp_path / "r/etc/inference-image/fleet.json").read_text())["role"] == "head"
+
+
+def test_the_step_registry_runs_every_kind_a_plan_may_name() -> None:
+    assert list(proof.STEPS) == list(proof.KINDS)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from inference_image import __version__
 from inference_image.cli import run
 
-from . import ledger, proof
+from . import ledger, proof_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Measure inference-image's renders on a GPU machine.")
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    proof.register(sub)
+    proof_cli.register(sub)
     ledger.register(sub)
     return ap
 

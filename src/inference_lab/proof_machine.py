@@ -1,0 +1,178 @@
+"""The GPU proof's servers on the machine: starting, waiting for, stopping and describing them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference_image.cause import failure_cause
+
+from .proof_plan import ProofError
+
+# ---- the machine ------------------------------------------------------------------------------
+
+def serving(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: float
+
+    def wait_ready(self, timeout_s: float = 1800) -> float:
+        while time.monotonic() - self.started < timeout_s:
+            if serving(self.port):
+                return round(time.monotonic() - self.started, 1)
+            if self.proc.poll() is not None:
+                text = self.log.read_text(errors="replace")
+                raise ProofError(f"server exited ({self.proc.returncode}) before it was ready: "
+                                 f"{failure_cause(text) or 'no error line'}\n"
+                                 + "\n".join(text.splitlines()[-25:]))
+            time.sleep(0.5)
+        raise ProofError(f"not ready after {timeout_s:.0f} s (log: {self.log})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 40), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        time.sleep(2)  # the engine process lets go of GPU memory after its parent
+
+
+# bench's seed for the rows through the router when the same start was benched at the instance
+# first: bench's seeds are seed + c per row, and 500 + c meets no row of seed 0 (c <= 64)
+SERVED_SEED = 500
+# the row a server answers first, before the measured ones (Runner._settle): 700 + c meets no
+# measured row's seed (seed + c, c <= 64; 500 + c; scenarios from 1000). At c=8 a server that
+# decodes one token a step meets vLLM's Triton top-p kernel (8 rows and more; torch's sort
+# below) before its rows: run 51's vanilla, settled at c=4, built it inside its first c=16 row
+# (TTFT mean 1.6 s, 0.53 on a second start). Then c=16: run 52's vanilla, settled at c=8 alone,
+# stalled once in its first c=16 row (15 of 16 first tokens at 3.2 s), likely a second build of
+# that kernel: Triton compiles an integer argument divisible by 16 (its BATCH_SIZE) apart, and
+# vLLM logs a kernel's build only once. Run 53's cold vanilla waited 4.65 s in its c=16 warm-up,
+# the warm-cache start not at all, and both measured c=16 rows read alike (665.8, 664.1 tok/s).
+SETTLE_SEED, SETTLE_CONCURRENCY = 700, (8, 16)
+# a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
+DECODE_WINDOW_S = 1.0
+# how often a finished trace is looked for: a file's size unchanged over one such wait
+FILE_POLL_S = 3.0
+# Tokens each decoding stream asks for while first tokens are timed beside it: more than it can
+# make while they are (8 prompts, 0.2 s apart: ~3 s; the h100 image makes ~500 tokens a second
+# a stream), so none ends early; the streams are closed once the prompts are done.
+BESIDE_TOKENS = 3072
+# a stack-sampling window (step stacks): ~500 decode steps of the 8B at c=64, at 1 ms a sample
+STACKS_WINDOW_S = 3.0
+# the end of a cut-off step's server log kept in proof.json
+CUT_LOG_LINES = 40
+
+
+def router_bin(python: str) -> str:
+    """vllm-router for the `served` step: $PROOF_ROUTER_BIN, else beside `python`, else on PATH."""
+    for cand in (os.environ.get("PROOF_ROUTER_BIN"), str(Path(python).parent / "vllm-router"),
+                 str(Path(os.environ.get("PROOF_SITE", "/tmp/site")) / "bin" / "vllm-router"),
+                 shutil.which("vllm-router")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise ProofError("no vllm-router to serve through: carry its wheels (docs/gpu-machine.md) "
+                     "or set PROOF_ROUTER_BIN")
+
+
+def dry_run(runner: list[str], env: dict[str, str]) -> str:
+    """The command line a render's `inference-run UNIT` would exec (INFERENCE_DRY_RUN)."""
+    return subprocess.run(runner, env={**os.environ, **env, "INFERENCE_DRY_RUN": "1"},
+                          capture_output=True, text=True, check=False).stdout.strip()
+
+
+def compiled_into(cache: Path) -> bool:
+    """A compile cache is warm only where a start compiled into it: a start that failed early
+    leaves the folder empty (run 12 called a compiling start warm that way)."""
+    compiled = cache / "vllm" / "torch_compile_cache"
+    return compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
+
+
+# Where a proof server looks for CUDA's compiler: nowhere that exists (without_cuda_compiler)
+NO_CUDA_HOME = "/nonexistent/cuda"
+
+
+def without_cuda_compiler(env: dict[str, str]) -> dict[str, str]:
+    """`env` as the image's servers have it: no CUDA compiler. torch's wheels bring CUDA's
+    libraries, not nvcc, and no role installs a toolkit; the GPU machines the proof runs on have
+    one. vLLM 0.26 turns FlashInfer's kernels on where it finds nvcc (`has_flashinfer`: its
+    all-reduce fusion at TP>1, among others), and FlashInfer builds its kernels with it at their
+    first use: a proof server that found it would serve otherwise than the image."""
+    path = [d for d in env.get("PATH", "").split(os.pathsep)
+            if d and not (Path(d) / "nvcc").exists()]
+    return {**env, "PATH": os.pathsep.join(path), "CUDA_HOME": NO_CUDA_HOME,
+            "CUDA_PATH": NO_CUDA_HOME}
+
+
+def start(argv: list[str], env: dict[str, str], log: Path, port: int,
+          cpus: frozenset[int] | None = None) -> Server:
+    """`cpus`: the server's processes run on these CPUs only (their children inherit them)."""
+    if serving(port):
+        raise ProofError(f"port {port} already serves: stop that server first (a run cut off by "
+                         "a time limit leaves one behind)")
+    fh = log.open("wb")
+    proc = subprocess.Popen(argv, env=without_cuda_compiler({**os.environ, **env}),
+                            stdout=fh, stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    return Server(proc, port, log, time.monotonic())
+
+
+def backends(log: Path) -> list[str]:
+    """What vLLM said it chose: attention, kernels, graphs, runner, the plugin."""
+    pat = re.compile(r"Selected .*Kernel|FlashAttention version|AttentionBackendEnum|GPU KV cache "
+                     r"size|Model Runner V2|model weights took|inference-image|cudagraph_mode|"
+                     r"speculative|Speculative|synthetic")
+    seen: dict[str, None] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if pat.search(line):
+            seen.setdefault(re.sub(r"^.*?\] ", "", line)[:200], None)
+    return list(seen)[:30]
+
+
+
+def machine_info(python: str) -> dict[str, Any]:
+    """The GPUs (model, serials, driver, memory) and the vLLM and torch that `python` imports."""
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,serial,driver_version,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True,
+                         check=False).stdout.strip().splitlines()
+    code = ("import json, torch, vllm; "
+            "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))")
+    probe = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    info: dict[str, Any] = {}
+    if probe.returncode == 0 and probe.stdout.strip():
+        info = json.loads(probe.stdout.strip().splitlines()[-1])
+    rows = [[f.strip() for f in line.split(",")] for line in smi if line.count(",") == 3]
+    if rows:
+        name, _, drv, mem = rows[0]
+        info.update(gpu=name, driver=drv, memory=mem, gpus=len(rows),
+                    serials=[row[1] for row in rows])
+    return info
+
+
