@@ -45,7 +45,8 @@ def test_the_rule_finds_what_it_is_for(tmp_path: Path) -> None:
 # Python: a run number, a measured ratio or a measured time (units and thresholds such as "tok/s"
 # or "10 %" name what is measured, not a measurement)
 PY_FIGURE = re.compile(r"\bruns? \d+\b(?! \+)|\b\d+\.\d+x\b|\b\d+\.\d+ (ms|s|us)\b")
-PY_FILES = sorted(p for d in ("src/inference_image", "plugins/vllm/inference_image_vllm")
+PY_FILES = sorted(p for d in ("src/inference_image", "src/inference_lab",
+                            "plugins/vllm/inference_image_vllm")
                   for p in (ROOT / d).rglob("*.py"))
 
 
@@ -63,7 +64,7 @@ def python_notes(path: Path) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("path", PY_FILES, ids=[str(p.relative_to(ROOT)) for p in PY_FILES])
-def test_no_run_number_or_measured_figure_in_the_products_python(path: Path) -> None:
+def test_no_run_number_or_measured_figure_in_the_python(path: Path) -> None:
     hits = [f"{path.relative_to(ROOT)}:{i}: {m[0]!r} in {text.strip()[:100]!r}"
             for i, text in python_notes(path) for m in PY_FIGURE.finditer(text)]
     assert not hits, "figures belong in docs/ (link the evidence instead):\n" + "\n".join(hits)

@@ -127,10 +127,9 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
     an FP8 KV cache in vLLM's layout. Each timing replays a CUDA graph of `layers` calls, each on a
     KV cache of its own (as a served step's layers read theirs: from HBM, not from L2), so neither
     the host's launch time nor a cache left warm by the layer before counts; microseconds a call,
-    the mean of 20 replays (the plugin's tuner's timing; run 39's rows took the median of 20
-    replays timed one by one). FA3 gets what vLLM's metadata builder gives it for a step inside a
-    full CUDA graph: a scheduler plan made ahead with at most `fa3_splits` splits. Returns the
-    rows and the GPU that timed them (as `bandwidth` does)."""
+    the mean of 20 replays (the plugin's tuner's timing). FA3 gets what vLLM's metadata builder
+    gives it for a step inside a full CUDA graph: a scheduler plan made ahead with at most
+    `fa3_splits` splits. Returns the rows and the GPU that timed them (as `bandwidth` does)."""
     import torch
     from inference_image_vllm import attention
     from inference_image_vllm.tune import graph_us

@@ -113,12 +113,11 @@ class Runner(ToolSteps):
     python: str = sys.executable
     results: dict[str, Any] = field(default_factory=dict)
     # what the step in flight is doing, and the server log it writes: a step cut off by a time
-    # limit says where it was, with the end of that log (run 20 lost two cut-off vanilla steps)
+    # limit says where it was, with the end of that log
     phase: tuple[str, float] = ("", 0.0)
     log: Path | None = None
     # the phase when the signal came: a step's `finally` (stopping its server) moves the phase on
-    # before the cut is recorded (run 22: two steps cut in their bench rows read "while stopping
-    # the server, 3 s into it")
+    # before the cut is recorded, and the record would say it was stopping its server
     cut_at: tuple[str, float] | None = None
     # the step's server CPUs while its clients are pinned apart (Step.client_cpus)
     server_cpus: frozenset[int] | None = None
@@ -232,7 +231,7 @@ class Runner(ToolSteps):
         """`path`, a stand-in folder beside MODEL_DIR, made by the models step first where this
         machine has none yet. A fresh GPU machine's first serving step without `models` otherwise
         failed inside vLLM's start with the hub's "Repo id must be in the form ..." for the
-        missing folder (run 30: a machine handed back between calls comes back bare)."""
+        missing folder (a machine handed back between calls comes back bare)."""
         if path == self.model_dir or path.is_dir():  # MODEL_DIR itself: the unpack's, not ours
             return path
         if not (self.model_dir / "config.json").is_file():
@@ -247,7 +246,7 @@ class Runner(ToolSteps):
         self.load()
         # One --out holds one tier's steps: its table reads every row against that tier's render
         # (the roofline's model bytes, the published acceptance), and `proof record` reads the
-        # tier from here when a run spans tiers (run 31: an H100 and an H200).
+        # tier from here when a run spans tiers (machines of two GPU models).
         had = self.results.get("tier")
         if had and had != self.plan.tier:
             raise ProofError(f"--out {self.out} holds tier {had}'s steps, not {self.plan.tier}'s. "
@@ -392,9 +391,8 @@ class Runner(ToolSteps):
 
     def _settle(self, label: str, port: int, model: str, r: Resolved | None) -> None:
         """A server's first requests after its start are slower than the rest, the image's more
-        than vanilla's (run 19: c=1 first gave the image +7.4 ms TTFT over vanilla, c=1 after c=4
-        +1.7), and every row list starts at c=1. So before its rows each server answers chat
-        rows at SETTLE_CONCURRENCY (c=4 until run 51, 8 until run 52, then 8 and 16) on prompts
+        than vanilla's, and every row list starts at c=1. So before its rows each server answers
+        chat rows at SETTLE_CONCURRENCY on prompts
         of their own; the first is kept apart (`after_start`): what the first clients after a
         boot see; the others in `settle`. Before that it answers one request of each kind
         clients send (`sampling_checks`): every server a step starts, an instance of a layout
@@ -417,14 +415,14 @@ class Runner(ToolSteps):
         fp8` where vLLM would not start in bf16 on those GPUs)."""
         r = self.resolved()
         port, name = r.instances[0].port, r.profile.model.target
-        # one cache per command, not per label: a second start of the same vanilla (run 13's c=64
-        # row, after a cut-off call) compiled from cold under a new label
+        # one cache per command, not per label: a second start of the same vanilla (after a
+        # cut-off call) would compile from cold under a new label
         cache = self.work / f"cache-vanilla-{hashlib.sha256(' '.join(step.args).encode()).hexdigest()[:12]}"
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
                 str(self.made(self.model_for(r, checkpoint=False))), "--load-format", "dummy",
                 "--served-model-name", name, "--port", str(port), *step.args]
         # the profile steps' shape (a dict with its argv as one shell line): the summary table
-        # reads every step's entry alike, and a list here crashed it after run 26's vanilla step
+        # reads every step's entry alike (a list here crashed it)
         # vLLM's own top-p sampler, as the image's servers run (render.vllm_env): its default,
         # FlashInfer's, builds itself with nvcc, which neither the image nor a proof server has
         env = {**self._cache_env(cache), **NATIVE_SAMPLER}
@@ -504,7 +502,7 @@ class Runner(ToolSteps):
             matched_only = not spec.uses_draft
             if matched_only:
                 # vLLM's synthetic sampler rejects an empty slot (-1) whatever the rate: a lookup
-                # that matched nothing accepts nothing (run 27: 0 accepted at a set 4.0)
+                # that matched nothing accepts nothing
                 print(f"[{label}] {spec.method} drafts only where an "
                       f"n-gram of the text matches: the set acceptance applies to matched slots "
                       f"only, and the bench rows say how many there were", flush=True)

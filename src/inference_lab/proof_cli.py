@@ -205,7 +205,7 @@ def record(run: int, date: str, note: str, machines: list[str],
             doc = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ProofError(f"--machine {name}={path}: not a proof.json ({exc})") from None
-        # a machine may hold traces or a tune only (run 32's first two): measured all the same
+        # a machine may hold traces or a tune only: measured all the same
         if not isinstance(doc, dict) or not any(doc.get(k) for k in MEASURED):
             raise ProofError(f"--machine {name}={path}: no bench rows, trace, tune, GEMM or "
                              "attention timings: not what a proof step writes, or every step of it failed")
@@ -283,7 +283,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = psub.add_parser("record", help="write a run's raw record for docs/benchmarks from "
                         "each machine's proof.json, and print each machine's table")
     p.add_argument("--tier", default="h100",
-                   help="the tier of a machine whose proof.json names none (before run 31)")
+                   help="the tier of a machine whose proof.json names none (older records)")
     p.add_argument("--run", type=int, required=True, help="the run's number in docs/benchmarks.md")
     p.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     p.add_argument("--note", required=True,
@@ -337,7 +337,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling", choices=list(SAMPLING_SOURCES), default="checkpoint",
                    help="how the bench rows sample: checkpoint (default), the target's "
                    "generation_config, as the image serves a request that sets none; vllm, "
-                   "vLLM's own defaults (no top-p), as every row before run 50")
+                   "vLLM's own defaults (no top-p), as the older records' rows")
     p.add_argument("--fp8-scales", choices=list(FP8_STANDIN),
                    help="serve the target's FP8 stand-in scaled this way instead of as the "
                    "catalog's checkpoint (profile, trace: price a checkpoint of that kind)")

@@ -69,20 +69,17 @@ SERVED_SEED = 500
 # the row a server answers first, before the measured ones (Runner._settle): 700 + c meets no
 # measured row's seed (seed + c, c <= 64; 500 + c; scenarios from 1000). At c=8 a server that
 # decodes one token a step meets vLLM's Triton top-p kernel (8 rows and more; torch's sort
-# below) before its rows: run 51's vanilla, settled at c=4, built it inside its first c=16 row
-# (TTFT mean 1.6 s, 0.53 on a second start). Then c=16: run 52's vanilla, settled at c=8 alone,
-# stalled once in its first c=16 row (15 of 16 first tokens at 3.2 s), likely a second build of
-# that kernel: Triton compiles an integer argument divisible by 16 (its BATCH_SIZE) apart, and
-# vLLM logs a kernel's build only once. Run 53's cold vanilla waited 4.65 s in its c=16 warm-up,
-# the warm-cache start not at all, and both measured c=16 rows read alike (665.8, 664.1 tok/s).
+# below) before its rows, so the build is not inside a measured row. Then c=16: Triton compiles
+# an integer argument divisible by 16 (its BATCH_SIZE) apart, a second build the first measured
+# c=16 row would otherwise wait out (docs/gpu-machine.md, the warm-up rows).
 SETTLE_SEED, SETTLE_CONCURRENCY = 700, (8, 16)
-# a concurrent trace's length: ~150 decode steps of the 8B at c=64, ~60 of the 70B at c=8
+# a concurrent trace's length: scores of decode steps of either model at any concurrency
 DECODE_WINDOW_S = 1.0
 # how often a finished trace is looked for: a file's size unchanged over one such wait
 FILE_POLL_S = 3.0
 # Tokens each decoding stream asks for while first tokens are timed beside it: more than it can
-# make while they are (8 prompts, 0.2 s apart: ~3 s; the h100 image makes ~500 tokens a second
-# a stream), so none ends early; the streams are closed once the prompts are done.
+# make while the prompts are sent, so none ends early; the streams are closed once the prompts
+# are done.
 BESIDE_TOKENS = 3072
 # a stack-sampling window (step stacks): ~500 decode steps of the 8B at c=64, at 1 ms a sample
 STACKS_WINDOW_S = 3.0
@@ -109,7 +106,7 @@ def dry_run(runner: list[str], env: dict[str, str]) -> str:
 
 def compiled_into(cache: Path) -> bool:
     """A compile cache is warm only where a start compiled into it: a start that failed early
-    leaves the folder empty (run 12 called a compiling start warm that way)."""
+    leaves the folder empty, and would be called warm by the folder alone."""
     compiled = cache / "vllm" / "torch_compile_cache"
     return compiled.is_dir() and any(f.is_file() for f in compiled.rglob("*"))
 

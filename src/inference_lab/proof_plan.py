@@ -76,8 +76,9 @@ NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 MAX_HOST_GPUS = 8  # the most GPUs of one machine that DigitalOcean or the proof's lender offers
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: what bf16 must fit below (vanilla_step)
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
-# Issue 16's bar for a speculating image against vanilla: 2.0x at c=1 and 1.5x at every other
-# concurrency; at c=1 it also asks what stands between the image and 3x.
+# Issue 16's bar for a speculating image against vanilla: twice vanilla's tok/s at c=1 and one and
+# a half times at every other concurrency; at c=1 it also asks what stands between the image and
+# three times.
 SPEC_BAR_C1 = (2.0, 3.0)
 SPEC_BAR = 1.5
 
@@ -141,22 +142,22 @@ class Step:
     prompt_tokens: int = 0
     # P < N: every one of those prompts begins with the same P tokens, cached by a prompt sent
     # before, so each first token reads a prefix-cache hit (bench's shared-prefix scenario after
-    # its first request, where run 35's h100 image was slower to a first token than vanilla)
+    # its first request)
     first_token_prefix: int = 0
     # the target's FP8 stand-in scaled otherwise than the catalog's checkpoint (FP8_STANDIN's
     # keys): what a checkpoint of that kind would serve, before the catalog names one
     fp8_scales: str = ""
     # CPUs the step's clients (bench, the trace's streams) run on, its server on the others: as
-    # clients on other machines would be (run 22: at c=64 the server's host time a step moved a
-    # row by up to 10 %). Empty: everything shares every CPU, as before.
+    # clients on other machines would be (at c=64 the server's host time a step moves a row).
+    # Empty: everything shares every CPU.
     client_cpus: tuple[int, ...] = ()
     # "": the plugin's packaged FP8 table, as the image ships it; "tuned": the table `tune` measured
-    # on this GPU (run 28 priced one against the other on one machine)
+    # on this GPU
     fp8_table: str = ""
     # how the step's bench rows sample: "checkpoint", the target's generation_config.json
-    # (catalog generation_defaults), what a request that sets none gets on the image and every
-    # row since run 50 sampled at; "vllm", vLLM's own (temperature 1, no top-p or top-k): the
-    # stand-ins' config, which every row before run 50 sampled at
+    # (catalog generation_defaults), what a request that sets none gets on the image; "vllm",
+    # vLLM's own (temperature 1, no top-p or top-k): the stand-ins' config, as the older
+    # records' rows sampled
     sampling: str = "checkpoint"
 
     def name(self) -> str:

@@ -72,8 +72,8 @@ def sampling_checks(port: int, model: str, defaults: dict[str, float]) -> list[d
     /health after it; after one it does not, the rest are not sent. A request refused with a 4xx
     that leaves the server up is recorded as refused (vLLM 0.26 takes no min_p beside
     speculative decoding).
-    No proof checked anything but greedy before run 50, whose h100 render, its sampler left to
-    vLLM, did not start where FlashInfer was installed and nvcc was not, as on the image."""
+    A render whose sampler needs what the image lacks (FlashInfer's, built with nvcc) fails
+    here, as it would on the image, not only under greedy decoding."""
     rows: list[dict[str, Any]] = []
     for i, (name, fields) in enumerate(SAMPLINGS):
         params = {**(defaults if name == "checkpoint" else {}), **fields}

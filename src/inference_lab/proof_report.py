@@ -17,7 +17,7 @@ from .proof_plan import SPEC_BAR, SPEC_BAR_C1
 
 
 def row_key(x: dict[str, Any]) -> tuple[str, int, str]:
-    """A row's scenario, concurrency and how its requests sampled (rows before run 50 carry no
+    """A row's scenario, concurrency and how its requests sampled (older rows carry no
     sampling: vLLM's defaults, as a row sent with none): what a row is set against vanilla by."""
     return (x.get("scenario", "chat"), x["concurrency"],
             json.dumps(x.get("sampling") or {}, sort_keys=True))
@@ -25,10 +25,10 @@ def row_key(x: dict[str, Any]) -> tuple[str, int, str]:
 
 def vanilla_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int, str],
                                                                  dict[str, Any]]:
-    """Vanilla's row per row_key, from whichever vanilla step served it (run 22 split vanilla by
-    scenario: -sum, -lf; run 44 by concurrency). Where several starts served one key, the
-    fastest: a start that waited out a one-off build (run 51's first c=16, a Triton top-p kernel)
-    would flatter every ratio set against it."""
+    """Vanilla's row per row_key, from whichever vanilla step served it (a run may split
+    vanilla by scenario or by concurrency). Where several starts served one key, the fastest: a
+    start that waited out a one-off build (a Triton top-p kernel) would flatter every ratio set
+    against it."""
     van: dict[tuple[str, int, str], dict[str, Any]] = {}
     for cfg in (c for c in runs if c.startswith("vanilla")):
         for x in runs[cfg]:
@@ -42,7 +42,7 @@ def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
     """For one render (profile and plugin digests) served at two or more set acceptance lengths
     beside vanilla: the length a step would need to reach each of issue 16's bars, per scenario
     and concurrency. Linear in tok/s between the measured lengths that bracket the bar: a step
-    costs the same whatever it accepts (run 44, c=1: 21.6 ms at 1.83, 21.9 at 4.0), so tok/s
+    costs about the same whatever it accepts (docs/tiers/h200.md#speculative), so tok/s
     follows the length. A bar above the longest length measured is `beyond` (with 4.0 = k+1
     measured, no head of that chain reaches it); one the shortest already meets is `met`."""
     runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
@@ -55,7 +55,7 @@ def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for (digest, _), cfgs in renders.items():
         # keyed by the acceptance each step set, not the one it measured: two steps at the same
-        # set length (run 45's row and its repeat, 1.837 and 1.841 measured) are one length twice,
+        # set length (a row and its repeat measure slightly different lengths) are one length twice,
         # and a line between them would be noise
         points: dict[tuple[str, int, str], dict[Any, list[tuple[float, float]]]] = {}
         for cfg in cfgs:
@@ -113,7 +113,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
     ctx = 512 + 256  # mean context of a 512-in / 512-out request
     info = res.get("info") or {}
-    # a machine a run gave no info or bandwidth step to (run 30's third) says so, not "None"
+    # a machine a run gave no info or bandwidth step to says so, not "None"
     gpu = info.get("gpu") or (res.get("attention_model") or {}).get("gpu")
     if gpu and int(info.get("gpus") or 1) > 1:
         gpu = f"{info['gpus']} x {gpu}"
@@ -134,8 +134,8 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             name = cfg if sc == "chat" else f"{cfg} [{sc}]"
             # no vanilla row of that scenario and concurrency: a blank, not a ratio of 0
             shown = f"{ratio:>7.2f}" if ratio else f"{'-':>7}"
-            # a stream's worst waits: run 45's c=8 stall (ITL p99 ~70 ms against 15-18 at every
-            # other concurrency) showed nowhere else in the table, its TPOT only 8 % above c=16's
+            # a stream's worst waits: a stall in one row shows nowhere else in the table, its
+            # TPOT barely above its neighbours'
             itl = x.get("itl_ms_p99")
             lines.append(f"{name:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{shown}"
                          f"{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>8.1f}"
@@ -155,7 +155,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
                          "fraction": round(c1["output_tok_s"] / ceiling, 3)}
     res["roofline_c1"] = roof
     for cfg, rf in roof.items():
-        # one decimal: issue 16's 70 % line is crossed by tenths (run 28: 69.9 and 70.4 %)
+        # one decimal: issue 16's 70 % line is crossed by tenths
         lines.append(f"roofline c=1 {cfg}: {rf['tok_s']} of {rf['roofline_tok_s']} tok/s "
                      f"= {rf['fraction']:.1%}")
     base = res.get("greedy", {}).get("draft-off")
@@ -180,7 +180,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
         res["acceptance_needed"] = needed
         lines += acceptance_lines(needed)
     # the warm-up rows: a kernel a server builds at its first batch of some size shows here as a
-    # first-token tail (run 52's vanilla: 3.0 s at c=8), and a reader can tell whether the
+    # first-token tail, and a reader can tell whether the
     # measured rows still met one
     warm = [("after start", cfg, x) for cfg, x in res.get("after_start", {}).items()]
     warm += [("settle", cfg, x) for cfg, xs in res.get("settle", {}).items() for x in xs]

@@ -43,8 +43,8 @@ class ToolSteps:
         print(self.results["info"])
 
     def _note_machine(self) -> None:
-        """Every --out says which machine it ran on, info step or not (run 46 left it out to
-        save device time, and its record had to name the GPUs by hand): a lender may hand two
+        """Every --out says which machine it ran on, info step or not (a run that skips the
+        info step to save device time still names its GPUs): a lender may hand two
         calls of one session two machines, and only the serials tell them apart."""
         if "info" in self.results or shutil.which("nvidia-smi") is None:
             return
@@ -55,7 +55,7 @@ class ToolSteps:
 
     def step_bandwidth(self, step: Step) -> None:
         # In a child: CUDA memory this process held would be missing from every server started
-        # after it (run 11's vanilla ran out of memory at c=16 beside 4.6 GiB kept here).
+        # after it, and a vanilla server beside it could run out of memory.
         self.results["bandwidth"] = self._child("bandwidth")
         print(self.results["bandwidth"])
 
@@ -101,7 +101,7 @@ class ToolSteps:
         timed = self._child("attention_route", **shape, contexts=contexts)
         rows = self.results["attention"] = timed["rows"]
         # microseconds mean nothing without the GPU they ran on, and this step is often run
-        # alone, with an --out of its own and no info step (run 40's record said "not recorded")
+        # alone, with an --out of its own and no info step
         self.results["attention_model"] = {
             "gpu": timed["gpu"],
             "target": r.profile.model.target, **shape, "kv_cache_dtype": "fp8",
@@ -147,8 +147,8 @@ class ToolSteps:
         prompt_tokens: the first token of long prompts, one at a time, timed first without the
         profiler (first_tokens), so the trace explains a measured TTFT; with prompt_tokens and a
         concurrency c, those prompts are sent while c other streams decode (a bench row's later
-        requests: run 31's h200 image took ~67 ms longer than vanilla to a first token there,
-        and the idle trace cannot show why), and the steps around each prompt's are listed
+        requests, where a first token can wait longer than on an idle server, which the idle
+        trace cannot show), and the steps around each prompt's are listed
         (trace.prompt_steps). With first_token_prefix: every one of those prompts begins with the
         same tokens, cached in the warm-up, so each traced first token reads a prefix-cache
         hit."""
@@ -316,9 +316,8 @@ class ToolSteps:
             srv.wait_ready()
             greedy(url, model)  # warm-up: anything compiled on first use is compiled now
             self._phase("sampling")
-            # answers that outlast the window at c=1 too (the h100 image: ~6 s at 2 ms a token),
-            # yet end soon after it at c=64 (run 25's 4096, ~30 s there, ran one step past its
-            # time limit while finishing)
+            # answers that outlast the window at c=1 too, yet end soon after it at c=64 (a longer
+            # answer ran a step past its time limit while finishing)
             decode_streams(url, model, streams, window, max_tokens=3072)
             time.sleep(1.0)  # each sampler writes its file once it sees the flag gone
         finally:

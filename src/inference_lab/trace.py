@@ -120,8 +120,7 @@ def summarize(events: list[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     decode = [d for n, d in notes.items() if is_decode_step(n)]
     steps = sum(len(d) for d in decode)
     # how often a step starts: above the step's own GPU time by what the GPU waited for the host
-    # between steps (run 22: two starts of one configuration, the same GPU work a step, one every
-    # 6.0 and 6.6 ms at c=64)
+    # between steps
     starts.sort()
     period = ({"decode_step_period_ms": round((starts[-1] - starts[0]) / (len(starts) - 1) / 1e3, 3)}
               if len(starts) > 1 else {})
@@ -255,9 +254,8 @@ def prompt_passes(events: list[dict[str, Any]], min_tokens: int) -> list[dict[st
     """Each step that reads at least min_tokens prompt tokens with nothing decoding beside it (a
     first-token probe's forward pass): its span on the GPU, the GPU busy inside that span, the
     host's time issuing it, and the host's median time in vLLM's attention op a layer inside it.
-    Where the host takes longer than the GPU is busy, the GPU waits on the host (run 36: a
-    prefix-cache hit's 336-token FP8 pass on one H100 kept the GPU busy ~7 ms and took the host
-    10-16 ms under the profiler; a fresh 1024-token pass ~13 ms busy, host 9-13 ms)."""
+    Where the host takes longer than the GPU is busy, the GPU waits on the host (docs/decisions.md,
+    "Whole-step graphs, with decode graphs of their own")."""
     gpu, held = gpu_steps(events)
     launched_by = host_steps(events)
     work = [(e["ts"], e["ts"] + e["dur"]) for e in events
@@ -296,8 +294,7 @@ def median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
 def prompt_steps(events: list[dict[str, Any]], min_tokens: int, before: int = 3,
                  after: int = 4) -> list[dict[str, Any]]:
     """Each engine step that reads at least min_tokens prompt tokens, with the steps around it on
-    the GPU: where a first token sent beside decoding streams waits (run 31: on the h200 image a
-    prompt read beside one decoding stream took ~156 ms to its first token, vanilla's 89). For
+    the GPU: where a first token sent beside decoding streams waits. For
     each such step: the steps from `before` ahead of it to `after` past it, each with its start
     (ms from the prompt step's), its GPU span, what it held, the GPU idle before it, and the host's
     time in vLLM's execute_model for it."""

@@ -1,11 +1,11 @@
 """A sampling profiler of Python stacks, for the servers `inference-lab proof` starts (never on an
 image): where a serving process's host time goes, which the torch profiler's trace only brackets.
 
-Run 23 traced the h100 profile with its draft off at c=64: a decode step every 6.13 ms, the GPU
-busy 5.64 ms of it, and 2.44 ms of host time inside vLLM's `execute_model` alone; what the engine
-core does in the rest of its loop (scheduling, reading a step's output, handing it to the API
-server) the trace cannot say. The torch profiler's own Python tracer (`with_stack`) times every
-call and so inflates the many small ones it would have to explain; sampling does not.
+A trace of a serving process shows the GPU's steps and the host time inside vLLM's
+`execute_model`; what the engine core does in the rest of its loop (scheduling, reading a step's
+output, handing it to the API server) the trace cannot say. The torch profiler's own Python
+tracer (`with_stack`) times every call and so inflates the many small ones it would have to
+explain; sampling does not.
 
 sitecustomize.py installs it in every Python process of a proof server where PROOF_STACKS_DIR is
 set (vLLM's engine core is forked from the API server: a forked child re-arms it). While the file

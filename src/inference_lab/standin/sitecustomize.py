@@ -4,8 +4,7 @@ PYTHONPATH), never on an image: it makes a weightless EAGLE-3 head cost what its
 The published EAGLE-3 head for Llama 3.1 8B carries its own lm_head over a 32,000-token draft
 vocabulary. vLLM learns that a head owns its lm_head only while reading its weights
 (`has_own_lm_head`, set by the weight names); under `--load-format dummy` nothing is read, so the
-head borrows the target's 128,256-token lm_head instead: 4x the bytes read per draft token
-(traced on an H100: a 374.6 us GEMM three times a step where the checkpoint's head takes ~85 us).
+head borrows the target's 128,256-token lm_head instead: 4x the bytes read per draft token.
 A head whose config names a draft vocabulary of its own is marked as owning its lm_head, as its
 checkpoint would make it.
 
