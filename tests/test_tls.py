@@ -77,7 +77,7 @@ def test_plain_http_only_when_asked(tmp_path: Path, how: str) -> None:
         _at(root, "tls_mode").write_text("off\n")
     assert _boot(r, root).returncode == 0
     listen = _at(root, "public_listen").read_text()
-    assert "listen 0.0.0.0:8000 reuseport" in listen and " ssl" not in listen
+    assert "listen 0.0.0.0:8000 backlog=4096;" in listen and " ssl" not in listen
     endpoint = json.loads(_at(root, "endpoint").read_text())
     assert endpoint["tls"] == "off" and endpoint["url"].startswith("http://")
 
