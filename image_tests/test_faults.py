@@ -169,16 +169,15 @@ def test_nginx_killed_under_load(root: Any, profile: dict[str, Any], api_key: Ho
                                  public: Public, record_property: Any, whom: str) -> None:
     """nginx killed whole (every process of the unit) or its master alone. The public port is
     nginx.socket's: while systemd starts nginx again, new connections wait in its queue and are
-    served after, so none is refused. Killed whole, the requests its workers were answering are
-    lost (at most one a client); its master alone, the workers finish them."""
+    served after, so none is refused. What can be lost is a request in flight at the kill (at most
+    one a client): killed whole, its worker is gone; its master alone, the workers are told to
+    finish (QUIT) and are killed after the unit's TimeoutStopSec, so an answer longer than that is
+    cut."""
     res = _fault(root, profile, api_key, public,
                  f"systemctl kill --kill-whom={whom} -s KILL nginx.service", record_property)
     lost = sum(res["failed"].values())
-    if whom == "main":
-        assert not lost, f"requests failed while nginx's master was restarted: {res}"
-    else:
-        assert set(res["failed"]) <= {"000"} and lost <= WORKERS, \
-            f"more failed than the {WORKERS} clients had in flight when nginx was killed: {res}"
+    assert set(res["failed"]) <= {"000"} and lost <= WORKERS, \
+        f"more failed than the {WORKERS} clients had in flight when nginx was killed: {res}"
     if res["back_s"] is None or res["back_s"] > NGINX_BACK_S:
         journal = root.run("journalctl -u nginx.service --since -120s -o short-precise --no-pager "
                            "| tail -25").stdout
