@@ -103,7 +103,9 @@ LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE
           # answers /health and holds every request forever: the head restarts itself when requests
           # are in flight and no token (prompt or output) has moved for this long; idle, it sends
           # itself a one-token request this often so that there is one in flight
-          "stall_s": 60, "stall_probe_every_s": 30, "stall_poll_s": 5}
+          "stall_s": 60, "stall_probe_every_s": 30, "stall_poll_s": 5,
+          # connections the public port queues: nginx.socket's, and nginx's listen on it
+          "public_backlog": 4096}
 
 
 class RenderError(Exception):
