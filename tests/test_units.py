@@ -20,6 +20,11 @@ UNITS = {"vllm@": "vllm@.service", "vllm-router": "vllm-router.service",
          "inference-acme": "inference-acme.service", "inference-join": "inference-join.service"}
 
 
+# Debian's nginx.service, the part the render's drop-in builds on (the package is not installed here)
+DEBIAN_NGINX = ("[Unit]\nDescription=nginx\n[Service]\nType=forking\nPIDFile=/run/nginx.pid\n"
+                "ExecStart=/usr/sbin/nginx -g 'daemon on; master_process on;'\n")
+
+
 def exposure(unit: Path) -> float:
     out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--root=/", str(unit)],
                          capture_output=True, text=True, check=False)
@@ -40,8 +45,7 @@ def test_every_unit_is_at_or_under_its_exposure_ceiling(tmp_path: Path, tier: st
     # nginx: Debian's unit (its ExecStart) with the render's drop-in
     drop_in = (units / "nginx.service.d/inference-image.conf").read_text()
     nginx = tmp_path / "nginx.service"
-    nginx.write_text("[Unit]\nDescription=nginx\n[Service]\nType=forking\nExecStart=/usr/sbin/nginx\n"
-                     + drop_in.replace("[Unit]", "").replace("[Service]", ""))
+    nginx.write_text(DEBIAN_NGINX + drop_in.replace("[Unit]", "").replace("[Service]", ""))
     assert exposure(nginx) <= EXPOSURE_CEILINGS["nginx"]
 
 
@@ -67,9 +71,7 @@ def test_every_rendered_unit_parses_as_systemd_reads_it(tmp_path: Path, tier: st
         pytest.fail("systemd-analyze is missing: apt-get install systemd")
     render(resolve(tier), tmp_path)
     units = tmp_path / "etc/systemd/system"
-    (units / "nginx.service").write_text(
-        "[Unit]\nDescription=nginx\n[Service]\nType=forking\nPIDFile=/run/nginx.pid\n"
-        "ExecStart=/usr/sbin/nginx -g 'daemon on; master_process on;'\n")
+    (units / "nginx.service").write_text(DEBIAN_NGINX)
     files = sorted(p for p in units.iterdir() if p.is_file())
     assert {"nginx.socket", "vllm@.service", "inference.target"} <= {p.name for p in files}
     for unit in files:

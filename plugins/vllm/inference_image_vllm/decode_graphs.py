@@ -1,7 +1,7 @@
 """Whole-step CUDA graphs for steps that read prompts, and decode steps keep graphs of their own.
 
 vLLM 0.26 offers two ways to graph a model with FlashAttention 3 that matter here:
-- FULL_AND_PIECEWISE (its default): a uniform decode step (every request runs 1 + k tokens) replays
+- FULL_AND_PIECEWISE (its default): a uniform decode step (every request reads 1 + k tokens) replays
   a whole-step graph captured for that many requests; a step that reads a prompt runs graphs split
   at each attention call, and the host runs attention in Python between them, layer by layer. On
   the h100 profile that host time is longer than the GPU's work for a prefix-cache hit, and for a
