@@ -112,7 +112,7 @@ validate-profiles: setup ## check every profile
 render: setup ## render GPU=<tier> (default cpu) into OUT=build/<tier>
 	$(BIN)/inference-image render --profile $(GPU) --out $(OUT)
 
-evidence: setup ## rewrite docs/results.md and docs/charts/ from the records under docs/benchmarks/ (a test checks they are current)
+evidence: setup ## rewrite docs/benchmarks.md and docs/charts/ from the records under docs/benchmarks/ (a test checks they are current)
 	$(BIN)/inference-lab ledger --write
 
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)

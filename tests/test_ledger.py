@@ -1,5 +1,6 @@
-"""The evidence ledger: docs/results.md and docs/charts/ are what `inference-lab ledger` writes
-from the records, a series is "as it ships" only where its profile digest says so, and a chart
+"""The evidence ledger: docs/benchmarks.md and docs/charts/ are what `inference-lab ledger` writes
+from the records, every record is of one schema (a record that is not is one clear error naming
+its file and field), a series is "as it ships" only where its profile digest says so, and a chart
 that names a series no record holds is one clear error."""
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def _record(tmp_path: Path, commands: dict[str, dict[str, object]]) -> Path:
     proof = {"tier": "h200", "info": {"gpu": "NVIDIA H200"}, "commands": commands,
              "runs": {label: rows for label in commands}}
     (tmp_path / "2026-01-01-proof-run7.json").write_text(json.dumps(
-        {"run": 7, "date": "2026-01-01", "note": "", "machines": {"m": proof}}))
-    (tmp_path / "old.json").write_text(json.dumps({"gpu": "x"}))
+        {"schema": 1, "kind": "proof", "run": 7, "date": "2026-01-01", "title": "t", "note": "n",
+         "tiers": {"m": "h200"}, "machines": {"m": proof}}))
+    (tmp_path / "2026-01-02-soak.json").write_text(json.dumps(
+        {"schema": 1, "kind": "soak", "date": "2026-01-02", "title": "t", "note": "n",
+         "data": {"rows": [{"minute": 1, "ok": 640, "p50_ms": 378.0}]}}))
     return tmp_path
 
 
@@ -42,12 +46,16 @@ def test_a_series_ships_only_where_its_digest_is_the_tiers(tmp_path: Path) -> No
         "other": {"profile_sha256": resolve("h200", overrides=["serving.max_num_seqs=8"]).digest,
                   "sets": ["serving.max_num_seqs=8"]},
         "vanilla": {"argv": "vllm serve", "sets": []}})
-    series, other = ledger.load(tmp_path)
+    series, recs = ledger.load(tmp_path)
     got = {s.label: (s.kind, s.as_ships, sorted(s.rows)) for s in series}
     assert got == {"img": ("image", True, [1, 16, 64]), "placed": ("image", True, [1, 16, 64]),
                    "old": ("image", False, [1, 16, 64]), "other": ("image", False, [1, 16, 64]),
                    "vanilla": ("vanilla", False, [1, 16, 64])}
-    assert other == ["old.json"]
+    assert [(r.name, r.kind, r.anchor()) for r in recs] == [
+        ("2026-01-01-proof-run7.json", "proof", "run-7"), ("2026-01-02-soak.json", "soak",
+                                                          "2026-01-02-soak")]
+    assert ledger.data_table(recs[1].doc["data"]) == ("| minute | ok | p50 ms |\n|---|---|---|\n"
+                                                      "| 1 | 640 | 378 |\n")
     table = ledger.table("h200", series)
     assert "| [7](benchmarks/2026-01-01-proof-run7.json) | m (H200) | as it ships (img) | 10.0 |" in table
     ch = ledger.charts(series, {"h200": {"run": 7, "image": [["m", "img"]],
@@ -63,3 +71,47 @@ def test_a_chart_naming_a_series_no_record_holds_is_one_error(tmp_path: Path) ->
                        r"'img' on machine 'm'. Fix: name one the record holds$"):
         ledger.charts(series, {"h200": {"run": 7, "image": [["m", "img"]],
                                         "vanilla": [["m", "vanilla"]]}})
+
+
+def _good() -> dict[str, object]:
+    return {"schema": 1, "kind": "proof", "run": 3, "date": "2026-01-01", "title": "t", "note": "n",
+            "tiers": {"m": "h100"}, "machines": {"m": {}}}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"schema": None}, r"schema is None, not 1\. Fix: set \"schema\": 1"),
+    ({"kind": "notes"}, r"kind is 'notes'\. Fix: one of proof, "),
+    ({"date": "2026-01-02"}, r"date is '2026-01-02'\. Fix: the day it was measured"),
+    ({"note": " "}, r"note is missing or empty\. Fix: say in one paragraph"),
+    ({"run": "3"}, r"run is '3'\. Fix: the run's number, a positive integer"),
+    ({"machines": {}}, r"machines is not an object of proof documents"),
+    ({"tiers": {"x": "h100"}}, r"tiers does not name a tier for each machine"),
+    ({"kind": "soak", "run": None}, r"data is not an object\. Fix: put what was measured"),
+])
+def test_a_record_off_the_schema_is_one_error_naming_its_field(
+        tmp_path: Path, change: dict[str, object], message: str) -> None:
+    doc = _good() | change
+    (tmp_path / "2026-01-01-x.json").write_text(json.dumps({k: v for k, v in doc.items()
+                                                            if v is not None or k == "schema"}))
+    with pytest.raises(ledger.LedgerError, match=r"^2026-01-01-x\.json: " + message):
+        ledger.records(tmp_path)
+
+
+def test_a_run_is_one_record_and_a_record_is_json(tmp_path: Path) -> None:
+    for name in ("2026-01-01-a.json", "2026-01-01-b.json"):
+        (tmp_path / name).write_text(json.dumps(_good()))
+    with pytest.raises(ledger.LedgerError, match=r"^2026-01-01-b.json: run 3 is also "
+                       r"2026-01-01-a.json's\. Fix: one record a run"):
+        ledger.records(tmp_path)
+    (tmp_path / "2026-01-01-b.json").write_bytes(b"\xff{")
+    with pytest.raises(ledger.LedgerError, match=r"^2026-01-01-b.json: not JSON"):
+        ledger.records(tmp_path)
+
+
+def test_every_committed_record_is_of_the_one_schema() -> None:
+    recs = ledger.records(ledger.project_root() / "docs" / "benchmarks")
+    assert {r.kind for r in recs} <= set(ledger.KINDS) and len(recs) >= 60
+    page = (ledger.project_root() / "docs" / "benchmarks.md").read_text()
+    for r in recs:
+        head = f"### Run {r.run}" if r.run is not None else f"### {Path(r.name).stem}"
+        assert f"{head}\n" in page and f"(benchmarks/{r.name})" in page

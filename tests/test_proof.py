@@ -1578,11 +1578,12 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                              "runs": {"vanilla": [row(2, 100.0)], "as-imaged": [row(2, 300.0)]}}))
     b.write_text(json.dumps({"runs": {"vanilla": [row(2, 200.0)], "as-imaged": [row(2, 300.0)]}}))
     out = tmp_path / "run.json"
-    args = ["proof", "record", "--run", "7", "--date", "2026-11-25", "--note", "two machines",
+    args = ["proof", "record", "--run", "7", "--date", "2026-11-25", "--title", "t", "--note", "two machines",
             "--machine", f"a={a}", "--machine", f"b={b}", "--write", str(out)]
     assert cli.main(args) == 0
     doc = json.loads(out.read_text())
-    assert doc == {"run": 7, "date": "2026-11-25", "note": "two machines",
+    assert doc == {"schema": 1, "kind": "proof", "run": 7, "date": "2026-11-25", "title": "t",
+                   "note": "two machines",
                    "tiers": {"a": "h100", "b": "h100"},
                    "machines": {"a": json.loads(a.read_text()), "b": json.loads(b.read_text())}}
     shown = capsys.readouterr().out
@@ -1605,8 +1606,9 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                        (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*: not a proof.json"),
                        (["--machine", f"x={bad}"], "no bench rows, trace, tune"),
                        ([], "no --machine given"),
-                       (["--machine", f"a={a}", "--note", " "], "--note is empty")):
-        argv = ["proof", "record", "--run", "8", "--note", "n", "--write",
+                       (["--machine", f"a={a}", "--note", " "], "--note is empty"),
+                       (["--machine", f"a={a}", "--title", " "], "--title is empty")):
+        argv = ["proof", "record", "--run", "8", "--title", "t", "--note", "n", "--write",
                 str(tmp_path / "new.json"), *extra]
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
@@ -1618,7 +1620,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     assert cli.main([*args, "--force"]) == 0
     # a run over two tiers (run 31): each machine's table is read against its own tier's render
     both = tmp_path / "both.json"
-    assert cli.main(["proof", "record", "--run", "9", "--note", "n", "--write", str(both),
+    assert cli.main(["proof", "record", "--run", "9", "--title", "t", "--note", "n", "--write", str(both),
                      "--machine", f"a={a}", "--machine", f"b@h200={b}",
                      "--machine", f"c={h200}"]) == 0
     assert json.loads(both.read_text())["tiers"] == {"a": "h100", "b": "h200", "c": "h200"}
@@ -1626,7 +1628,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     # a machine that only traced (run 32's first) is a measurement too, listed by its traces
     traced = tmp_path / "traced.json"
     traced.write_text(json.dumps({"tier": "h200", "trace": {"beside-c1": {"window_ms": 1.0}}}))
-    assert cli.main(["proof", "record", "--run", "10", "--note", "n", "--write",
+    assert cli.main(["proof", "record", "--run", "10", "--title", "t", "--note", "n", "--write",
                      str(tmp_path / "t.json"), "--machine", f"t={traced}"]) == 0
     assert "traces: beside-c1" in capsys.readouterr().out
 

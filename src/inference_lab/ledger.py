@@ -1,8 +1,8 @@
-"""The evidence ledger: docs/results.md and its charts, written from the records under
-docs/benchmarks/ (`inference-lab ledger --write`; `--check` says whether they are current).
+"""The evidence ledger: docs/benchmarks.md and its charts, written from the records under
+docs/benchmarks/ (`inference-lab ledger --write`; without it, says whether they are current).
 
-A record of the proof's shape is `{"run", "date", "note", "machines": {NAME: proof.json}}`; every
-chat row of every served configuration in it is one series. A series is the image "as it ships"
+Every record is of one schema (`Record`); a proof's every chat row of every served configuration
+is one series. A series is the image "as it ships"
 when its profile digest is the tier's current one, or differs from it only where the server was
 placed on the machine (PLACEMENT). Which series each tier's chart sets against which is chosen in
 docs/benchmarks/charts.json, with the reason for any row left out of a chart."""
@@ -22,6 +22,11 @@ from typing import Any
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+SCHEMA = 1
+# record kinds, in the order the page lists them, with their section's heading
+KINDS = {"proof": "Runs on GPUs", "layout": "Layouts", "gemm-table": "FP8 GEMM tables",
+         "faults": "Faults under load", "soak": "Soak", "multinode": "Multi-node",
+         "fleet": "Fleet", "build": "Builds"}
 # --set fields that place a server on the machine and change nothing it serves
 PLACEMENT = ("serving.gpu_ids=", "serving.base_port=", "router.internal_port=",
              "router.metrics_port=")
@@ -55,12 +60,21 @@ class Series:
                                            if self.acceptance else "")
 
 
-def _run_number(path: Path, doc: dict[str, Any]) -> int | None:
-    run = doc.get("run")
-    if isinstance(run, int):
-        return run
-    m = re.search(r"run(\d+)", path.stem)
-    return int(m[1]) if m else None
+@dataclass
+class Record:
+    """One file under docs/benchmarks/, of schema 1: `{"schema": 1, "kind", "date", "title",
+    "note"}` and, for a proof, `"run"`, `"tiers": {MACHINE: TIER}` and `"machines": {MACHINE:
+    proof.json}`; for every other kind, what was measured under `"data"`."""
+    name: str
+    kind: str
+    date: str
+    title: str
+    note: str
+    run: int | None
+    doc: dict[str, Any]
+
+    def anchor(self) -> str:
+        return f"run-{self.run}" if self.run is not None else Path(self.name).stem
 
 
 def shipped_digest(tier: str, sets: tuple[str, ...], cache: dict[tuple[str, tuple[str, ...]],
@@ -76,24 +90,77 @@ def shipped_digest(tier: str, sets: tuple[str, ...], cache: dict[tuple[str, tupl
     return cache[key]
 
 
-def load(records: Path, shipped: dict[str, str] | None = None) -> tuple[list[Series], list[str]]:
-    """Every chat series of every record of the proof's shape, and the records of other shapes."""
+def check(name: str, doc: Any) -> Record:
+    """One record read against the schema; a LedgerError names the file, the field and the fix."""
+    def bad(field_: str, why: str, fix: str) -> LedgerError:
+        return LedgerError(f"{name}: {field_} {why}. Fix: {fix}")
+    if not isinstance(doc, dict):
+        raise bad("the record", "is not a JSON object", "write one object of schema 1")
+    if doc.get("schema") != SCHEMA:
+        raise bad("schema", f"is {doc.get('schema')!r}, not {SCHEMA}", f'set "schema": {SCHEMA}')
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        raise bad("kind", f"is {kind!r}", "one of " + ", ".join(KINDS))
+    date = doc.get("date")
+    if not isinstance(date, str) or not re.fullmatch(r"\d{4}-\d\d-\d\d", date) or not \
+            name.startswith(date):
+        raise bad("date", f"is {date!r}", "the day it was measured, YYYY-MM-DD, which the file "
+                  "name starts with")
+    for key in ("title", "note"):
+        if not isinstance(doc.get(key), str) or not doc[key].strip():
+            raise bad(key, "is missing or empty", f"say in one {'line' if key == 'title' else 'paragraph'} "
+                      "what was measured, on what and how")
+    run = doc.get("run")
+    if kind == "proof":
+        if not isinstance(run, int) or isinstance(run, bool) or run < 1:
+            raise bad("run", f"is {run!r}", "the run's number, a positive integer")
+        machines, tiers = doc.get("machines"), doc.get("tiers")
+        if not isinstance(machines, dict) or not machines or not all(
+                isinstance(m, dict) for m in machines.values()):
+            raise bad("machines", "is not an object of proof documents", "one proof.json per "
+                      "machine, by the machine's name")
+        if not isinstance(tiers, dict) or set(tiers) != set(machines):
+            raise bad("tiers", "does not name a tier for each machine", "one tier per machine")
+    else:
+        if run is not None:
+            raise bad("run", "is set on a record that is not a proof", "leave it out")
+        if not isinstance(doc.get("data"), dict):
+            raise bad("data", "is not an object", "put what was measured under \"data\"")
+    return Record(name, kind, date, doc["title"].strip(), " ".join(doc["note"].split()), run, doc)
+
+
+def records(path: Path) -> list[Record]:
+    """Every record under `path`, checked; run numbers are each one record's."""
+    out: list[Record] = []
+    seen: dict[int, str] = {}
+    for p in sorted(path.glob("*.json")):
+        if p.name == "charts.json":
+            continue
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LedgerError(f"{p.name}: not JSON ({exc}). Fix: write the record as JSON") from exc
+        rec = check(p.name, doc)
+        if rec.run is not None:
+            if rec.run in seen:
+                raise LedgerError(f"{p.name}: run {rec.run} is also {seen[rec.run]}'s. Fix: one "
+                                  "record a run (put its machines under one \"machines\")")
+            seen[rec.run] = p.name
+        out.append(rec)
+    return out
+
+
+def load(path: Path, shipped: dict[str, str] | None = None) -> tuple[list[Series], list[Record]]:
+    """Every chat series of every proof record, and every record."""
+    recs = records(path)
     series: list[Series] = []
-    other: list[str] = []
     cache: dict[tuple[str, tuple[str, ...]], str | None] = {}
-    for path in sorted(records.glob("*.json")):
-        if path.name == "charts.json":
+    for rec in recs:
+        if rec.kind != "proof":
             continue
-        doc = json.loads(path.read_text())
-        run = _run_number(path, doc) if isinstance(doc, dict) else None
-        machines = doc.get("machines") if isinstance(doc, dict) else None
-        if run is None or not isinstance(machines, dict):
-            other.append(path.name)
-            continue
-        for name, proof in machines.items():
-            if not isinstance(proof, dict):
-                continue
-            tier = proof.get("tier") or (doc.get("tiers") or {}).get(name, "")
+        run = rec.run or 0
+        for name, proof in rec.doc["machines"].items():
+            tier = proof.get("tier") or rec.doc["tiers"].get(name, "")
             commands = proof.get("commands") or {}
             for label, rows in (proof.get("runs") or {}).items():
                 cmd = commands.get(label) or commands.get(label.removesuffix("-direct"))
@@ -104,7 +171,7 @@ def load(records: Path, shipped: dict[str, str] | None = None) -> tuple[list[Ser
                 ships = bool(sha) and all(x.startswith(PLACEMENT) for x in sets) and (
                     sha == shipped_digest(tier, sets, cache)
                     or f"{run}/{name}/{label}" in (shipped or {}))
-                s = Series(run, str(doc.get("date", "")), path.name, name, tier, label,
+                s = Series(run, rec.date, rec.name, name, tier, label,
                            "image" if sha else "vanilla", ships, cmd.get("acceptance_length"),
                            (proof.get("info") or {}).get("gpu", ""))
                 for row in rows:
@@ -114,7 +181,7 @@ def load(records: Path, shipped: dict[str, str] | None = None) -> tuple[list[Ser
                 if s.rows:
                     series.append(s)
     series.sort(key=lambda s: (-s.run, s.machine, s.label))
-    return series, other
+    return series, recs
 
 
 def _fmt(x: float | None) -> str:
@@ -286,18 +353,50 @@ def speedup_svg(chs: list[Chart]) -> str:
              for i, ch in enumerate(chs)]
     return svg("The image against vanilla vLLM on the same GPUs",
                [("image / vanilla, output tok/s", "x vanilla", lines)],
-               "random weights, each draft's published acceptance set; docs/results.md")
+               "random weights, each draft's published acceptance set; docs/benchmarks.md")
 
 
-def results_md(series: list[Series], other: list[str], chs: list[Chart], tiers: list[str]) -> str:
-    out = ["# Results: every measured configuration, per tier\n",
-           "Written by `inference-lab ledger --write` from the records under "
-           "[docs/benchmarks/](benchmarks/); do not edit by hand. Each row is one configuration "
-           "served in one run: output tok/s at each chat concurrency (512 in, 512 out; random "
-           "weights of the real shapes; a draft's acceptance set to the figure in its row). "
-           "\"As it ships\": the tier's profile as it is now, placed on the machine as the run "
-           "needed. The narrative of each run is in [benchmarks.md](benchmarks.md); what each "
-           "figure decided is on the tier pages under [tiers/](tiers/).\n",
+def _machines(rec: Record) -> str:
+    parts = []
+    for name, proof in rec.doc["machines"].items():
+        gpu = str((proof.get("info") or {}).get("gpu", "")).removeprefix("NVIDIA ")
+        parts.append(f"{name} ({gpu})" if gpu else name)
+    return ", ".join(parts)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, list):
+        return " / ".join(_cell(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:,.2f}".rstrip("0").rstrip(".")
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def data_table(data: dict[str, Any]) -> str:
+    """A record's rows (`data.rows` or `data.tries`, a list of objects) as one table; "" if none."""
+    rows = data.get("rows") or data.get("tries")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return ""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return ("| " + " | ".join(k.replace("_", " ") for k in keys) + " |\n|" + "---|" * len(keys)
+            + "\n" + "".join("| " + " | ".join(_cell(r[k]) if k in r else "" for k in keys)
+                             + " |\n" for r in rows))
+
+
+def benchmarks_md(series: list[Series], recs: list[Record], chs: list[Chart],
+                  tiers: list[str]) -> str:
+    out = ["# Benchmarks: every measured configuration, and every record\n",
+           "Written by `inference-lab ledger --write` (`make evidence`) from the records under "
+           "[docs/benchmarks/](benchmarks/); do not edit by hand. Each table row is one "
+           "configuration served in one run: output tok/s at each chat concurrency (512 in, 512 "
+           "out; random weights of the real shapes; a draft's acceptance set to the figure in its "
+           "row). \"As it ships\": the tier's profile as it is now, placed on the machine as the "
+           "run needed. What each figure decided is on the tier pages under [tiers/](tiers/) and "
+           "in [decisions.md](decisions.md).\n",
            "![The image against vanilla vLLM, per tier](charts/speedup.svg)\n"]
     charted = {ch.tier: ch for ch in chs}
     for tier in tiers:
@@ -307,9 +406,19 @@ def results_md(series: list[Series], other: list[str], chs: list[Chart], tiers: 
         if tier in charted:
             out.append(f"![{tier}: the image against vanilla vLLM](charts/{tier}.svg)\n")
         out.append(table(tier, series))
-    if other:
-        out.append("## Records of older shapes (not in the tables)\n")
-        out.append(", ".join(f"[{n}](benchmarks/{n})" for n in other) + "\n")
+    for kind, heading in KINDS.items():
+        these = sorted((r for r in recs if r.kind == kind),
+                       key=lambda r: (r.date, r.run or 0, r.name), reverse=True)
+        if not these:
+            continue
+        out.append(f"## {heading}\n")
+        for r in these:
+            head = f"Run {r.run}" if r.run is not None else Path(r.name).stem
+            where = f" · {_machines(r)}" if kind == "proof" else ""
+            out.append(f"### {head}\n\n**{r.title}** · {r.date}{where} · "
+                       f"[record](benchmarks/{r.name})\n\n{r.note}\n")
+            if kind != "proof" and (rows := data_table(r.doc["data"])):
+                out.append(rows)
     return "\n".join(out)
 
 
@@ -317,9 +426,9 @@ def outputs(root: Path) -> dict[Path, str]:
     docs = root / "docs"
     tiers = list_tiers(root / "profiles")
     selection = json.loads((docs / "benchmarks" / "charts.json").read_text())
-    series, other = load(docs / "benchmarks", selection.get("_serves_as_it_ships", {}))
+    series, recs = load(docs / "benchmarks", selection.get("_serves_as_it_ships", {}))
     chs = charts(series, selection)
-    files = {docs / "results.md": results_md(series, other, chs, tiers),
+    files = {docs / "benchmarks.md": benchmarks_md(series, recs, chs, tiers),
              docs / "charts" / "speedup.svg": speedup_svg(chs)}
     files |= {docs / "charts" / f"{ch.tier}.svg": chart_svg(ch) for ch in chs}
     return files
@@ -349,6 +458,6 @@ def run_ledger(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    lp = sub.add_parser("ledger", help="write docs/results.md and docs/charts/ from the records")
+    lp = sub.add_parser("ledger", help="write docs/benchmarks.md and docs/charts/ from the records")
     lp.add_argument("--write", action="store_true", help="write them (default: check only)")
     lp.set_defaults(func=run_ledger)

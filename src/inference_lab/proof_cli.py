@@ -185,12 +185,12 @@ MEASURED = ("runs", "trace", "tune", "gemm", "attention")  # what a machine's pr
 
 
 def record(run: int, date: str, note: str, machines: list[str],
-           tier: str = "h100") -> dict[str, Any]:
-    """One run's raw record for docs/benchmarks: each machine's proof.json under its name, as
-    `NAME=PATH` or `NAME@TIER=PATH`. A run spans machines when the GPU machine is handed back
-    between calls (a fresh one starts bare), and rows of two machines are never one table: each
-    keeps its own. Each machine's tier is the one its proof.json names, else the one given after
-    @, else `tier`; the record lists them under `tiers`."""
+           tier: str = "h100", title: str = "") -> dict[str, Any]:
+    """One run's raw record for docs/benchmarks, of the ledger's schema: each machine's
+    proof.json under its name, as `NAME=PATH` or `NAME@TIER=PATH`. A run spans machines when the
+    GPU machine is handed back between calls (a fresh one starts bare), and rows of two machines
+    are never one table: each keeps its own. Each machine's tier is the one its proof.json names,
+    else the one given after @, else `tier`; the record lists them under `tiers`."""
     docs: dict[str, Any] = {}
     tiers: dict[str, str] = {}
     for spec in machines:
@@ -216,7 +216,8 @@ def record(run: int, date: str, note: str, machines: list[str],
         docs[name], tiers[name] = doc, own or given or tier
     if not docs:
         raise ProofError("no --machine given: name each machine's proof.json as NAME=PATH")
-    return {"run": run, "date": date, "note": note, "tiers": tiers, "machines": docs}
+    return {"schema": 1, "kind": "proof", "run": run, "date": date, "title": title, "note": note,
+            "tiers": tiers, "machines": docs}
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -224,7 +225,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     try:
         if not args.note.strip():
             raise ProofError("--note is empty: say which machines, renders and steps the run holds")
-        doc = record(args.run, args.date, args.note, args.machine, args.tier)
+        if not args.title.strip():
+            raise ProofError("--title is empty: say in one line what the run measured")
+        doc = record(args.run, args.date, args.note, args.machine, args.tier, args.title)
         if out.exists() and not args.force:
             raise ProofError(f"{out} exists: a run's raw record is not rewritten silently; "
                              "give another --run, or --force")
@@ -285,6 +288,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tier", default="h100",
                    help="the tier of a machine whose proof.json names none (older records)")
     p.add_argument("--run", type=int, required=True, help="the run's number in docs/benchmarks.md")
+    p.add_argument("--title", required=True, help="one line: what the run measured")
     p.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     p.add_argument("--note", required=True,
                    help="what the run holds: machines, renders, steps, what went wrong")
