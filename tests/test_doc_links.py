@@ -1,0 +1,46 @@
+"""Every relative link in README.md and docs/ names a file that exists and, where it names a
+heading, a heading that file has (GitHub's anchors: lower case, punctuation dropped, spaces as
+hyphens). A record's section in docs/benchmarks.md is linked as #run-N or #<record's stem>."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def anchors(page: Path) -> set[str]:
+    out: set[str] = set()
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6} (.*)", line)):
+            out.add(re.sub(r"[^\w\- ]", "", m[1].strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_anchor_rule_is_githubs() -> None:
+    page = ROOT / "docs" / "decisions.md"
+    assert "sealing-the-image" in anchors(page)
+    assert "the-router-vllm-router-behind-nginx-round_robin-before-one-instance" in anchors(page)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for m in re.finditer(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+        link = m[1]
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, frag = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists():
+            broken.append(f"{link}: no such file")
+        elif frag and target.suffix == ".md" and frag not in anchors(target):
+            broken.append(f"{link}: no such heading in {target.name}")
+    assert not broken, broken
