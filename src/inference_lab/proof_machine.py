@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -129,7 +130,10 @@ def without_cuda_compiler(env: dict[str, str]) -> dict[str, str]:
 
 def start(argv: list[str], env: dict[str, str], log: Path, port: int,
           cpus: frozenset[int] | None = None) -> Server:
-    """`cpus`: the server's processes run on these CPUs only (their children inherit them)."""
+    """`cpus`: the server's processes run on these CPUs only (their children inherit them).
+    `PROOF_SERVER_WRAP` in the environment: a command every server starts under (its words
+    before the server's argv), e.g. `python3 -m inference_lab.sandbox exec --allow FILE --`."""
+    argv = shlex.split(os.environ.get("PROOF_SERVER_WRAP", "")) + argv
     if serving(port):
         raise ProofError(f"port {port} already serves: stop that server first (a run cut off by "
                          "a time limit leaves one behind)")
