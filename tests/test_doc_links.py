@@ -44,3 +44,22 @@ def test_every_relative_link_resolves(page: Path) -> None:
         elif frag and target.suffix == ".md" and frag not in anchors(target):
             broken.append(f"{link}: no such heading in {target.name}")
     assert not broken, broken
+
+
+def test_every_evidence_link_in_profiles_and_code_resolves() -> None:
+    """A setting's comment ends in a link to its evidence (`docs/tiers/<tier>.md#<setting>`):
+    the page and the heading must exist, in profiles, templates, roles, src and plugins."""
+    broken = []
+    for folder in ("profiles", "templates", "roles", "src", "plugins", "packer"):
+        for f in (ROOT / folder).rglob("*"):
+            if not f.is_file() or f.suffix in {".pyc", ".whl"} or "egg-info" in str(f):
+                continue
+            try:
+                text = f.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            for m in re.finditer(r"docs/([\w/.-]+\.md)#([\w-]+)", text):
+                page = ROOT / "docs" / m[1]
+                if not page.is_file() or m[2] not in anchors(page):
+                    broken.append(f"{f.relative_to(ROOT)}: {m[0]}")
+    assert not broken, broken
