@@ -23,7 +23,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("inference-image")
     g.addoption("--tier", default=None, help="fail unless the host was built from this tier")
     g.addoption("--no-serving", action="store_true",
-                help="the stack cannot run here (a GPU tier baked without its GPU): skip what needs it")
+                help="the stack does not run here (an image being built, a GPU tier without its "
+                "GPU): skip what needs it")
     g.addoption("--api-host", default=None,
                 help="address the host is reached at from here (default: the SSH host, or the "
                      "container's address)")
@@ -47,7 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--no-serving"):
-        skip = pytest.mark.skip(reason="built without the tier's GPU: the stack is not started")
+        skip = pytest.mark.skip(reason="--no-serving: the stack is not started here (an image being "
+                                "built serves on its first boot)")
         for item in items:
             if "serving" in item.keywords:
                 item.add_marker(skip)

@@ -287,7 +287,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="first wait this long for the router to answer /health (after a boot); "
                     "with --no-serving, for the boot to finish")
     vp.add_argument("--no-serving", action="store_true",
-                    help="the stack cannot run there (a GPU tier baked without its GPU)")
+                    help="the stack does not run there (an image being built, a GPU tier "
+                    "without its GPU)")
     vp.add_argument("--junit", default="build/verify/junit.xml", help="JUnit XML report path")
     vp.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     vp.set_defaults(func=cmd_verify)
