@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from test_doc_links import anchors
 
 from inference_image.profiles import resolve
 from inference_lab import cli, ledger
@@ -112,6 +113,7 @@ def test_every_committed_record_is_of_the_one_schema() -> None:
     recs = ledger.records(ledger.project_root() / "docs" / "benchmarks")
     assert {r.kind for r in recs} <= set(ledger.KINDS) and len(recs) >= 60
     page = (ledger.project_root() / "docs" / "benchmarks.md").read_text()
+    linked = anchors(ledger.project_root() / "docs" / "benchmarks.md")
     for r in recs:
-        head = f"### Run {r.run}" if r.run is not None else f"### {Path(r.name).stem}"
-        assert f"{head}\n" in page and f"(benchmarks/{r.name})" in page
+        assert f"### {r.heading()}\n" in page and f"(benchmarks/{r.name})" in page
+        assert r.anchor() in linked  # what docs link to, e.g. benchmarks.md#run-55

@@ -73,8 +73,12 @@ class Record:
     run: int | None
     doc: dict[str, Any]
 
+    def heading(self) -> str:
+        """Its heading on docs/benchmarks.md, which GitHub links as `anchor()`."""
+        return f"Run {self.run}" if self.run is not None else Path(self.name).stem
+
     def anchor(self) -> str:
-        return f"run-{self.run}" if self.run is not None else Path(self.name).stem
+        return self.heading().lower().replace(" ", "-")
 
 
 def shipped_digest(tier: str, sets: tuple[str, ...], cache: dict[tuple[str, tuple[str, ...]],
@@ -413,9 +417,8 @@ def benchmarks_md(series: list[Series], recs: list[Record], chs: list[Chart],
             continue
         out.append(f"## {heading}\n")
         for r in these:
-            head = f"Run {r.run}" if r.run is not None else Path(r.name).stem
             where = f" · {_machines(r)}" if kind == "proof" else ""
-            out.append(f"### {head}\n\n**{r.title}** · {r.date}{where} · "
+            out.append(f"### {r.heading()}\n\n**{r.title}** · {r.date}{where} · "
                        f"[record](benchmarks/{r.name})\n\n{r.note}\n")
             if kind != "proof" and (rows := data_table(r.doc["data"])):
                 out.append(rows)

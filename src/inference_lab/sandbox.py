@@ -116,8 +116,9 @@ def held_devices(match: str) -> dict[str, list[str]]:
             if match not in cmd or "inference_lab.sandbox" in cmd:
                 continue
             nodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-            nodes |= {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                      if line.split()[-1:] and line.split()[-1].startswith("/dev/")}
+            # a mapping's path is its sixth field; anonymous ones have none
+            nodes |= {f[5] for f in map(str.split, Path(f"/proc/{pid}/maps").read_text().splitlines())
+                      if len(f) > 5}
         except OSError:
             continue
         for n in nodes:
