@@ -139,11 +139,15 @@ image-inputs: setup ## render GPU=<tier> and make the build's SSH key and cloud-
 packer_vars = -var-file=build/$(1)/packer/$(1).pkrvars.hcl $(if $(filter qemu,$(2)),-var-file=packer/qemu.pkrvars.hcl) \
 	-var image_version=$(IMAGE_VERSION) -var project_dir=$(CURDIR) -var render_dir=$(CURDIR)/build/$(1) \
 	-var output_dir=$(3) -var ssh_private_key_file=$(4)/id_ed25519 -var user_data_file=$(4)/seed/user-data
-PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURDIR)/$(IMAGE_OUT)) $(PACKER_ARGS)
+PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURDIR)/$(IMAGE_OUT)) \
+	$(if $(WARM_CACHE),-var warm_cache=$(abspath $(WARM_CACHE))) $(PACKER_ARGS)
+# WARM_CACHE=FILE: a warm-cache bundle (the lab's ready step, or `inference-startup make` on a
+# machine of the tier's GPU) the image's instances start from; each start checks its key
 # e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
-image-guard: ## refuse an unknown BUILDER, or digitalocean without DIGITALOCEAN_TOKEN
+image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, or a WARM_CACHE that is no bundle
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
+	@if [ -n "$(WARM_CACHE)" ]; then $(PYTHON) src/inference_image/startup.py show "$(WARM_CACHE)" || exit 1; fi
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 
 # A local build does not serve while baking (packer/qemu.pkrvars.hcl says why).

@@ -4,6 +4,7 @@ locals {
     "-e", "@${var.render_dir}/ansible/extra-vars.yml",
     "-e", "inference_render_dir=${var.render_dir}",
     "-e", "inference_service_start=${var.serve_during_build}",
+    "-e", "inference_service_warm_cache=${var.warm_cache}",
   ], flatten([for kv in var.ansible_extra_vars : ["-e", kv]]))
   ansible_env = [
     "ANSIBLE_CONFIG=${var.project_dir}/ansible/ansible.cfg",

@@ -89,6 +89,12 @@ variable "ansible_extra_vars" {
   description = "more -e KEY=VALUE for the playbook, e.g. offline wheel directories"
 }
 
+variable "warm_cache" {
+  type        = string
+  default     = ""
+  description = "a warm-cache bundle on this machine (inference-startup make, the lab's ready step) the image's instances start from; empty: none"
+}
+
 variable "http_wheel_dirs" {
   type        = map(string)
   default     = {}

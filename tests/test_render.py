@@ -21,8 +21,23 @@ from inference_image.render import PATHS, RenderError, render, vllm_argv
 GOLDEN = ROOT / "tests" / "golden"
 
 
+# copied from the source as it is (render.PATHS["startup"]): its own tests read the source, and a
+# golden copy would go stale with every edit to it
+COPIED = (PATHS["startup"].lstrip("/"),)
+
+
 def tree(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and str(p.relative_to(d)) not in COPIED}
+
+
+def test_the_startup_script_is_installed_as_its_source_is(tmp_path: Path) -> None:
+    from inference_image import startup
+
+    render(resolve("h100", ROOT / "profiles"), tmp_path / "r")
+    got = tmp_path / "r" / PATHS["startup"].lstrip("/")
+    assert got.read_text() == Path(startup.__file__).read_text()
+    assert got.stat().st_mode & 0o777 == 0o755
 
 
 @pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
@@ -33,6 +48,8 @@ def test_render_matches_golden(tier, tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         subprocess.run(["rm", "-rf", str(GOLDEN / tier)], check=True)
         subprocess.run(["cp", "-a", str(out), str(GOLDEN / tier)], check=True)
+        for rel in COPIED:
+            (GOLDEN / tier / rel).unlink(missing_ok=True)
     cmp = filecmp.dircmp(out, GOLDEN / tier)
     assert tree(out) == tree(GOLDEN / tier), (cmp.diff_files, cmp.left_only, cmp.right_only)
 

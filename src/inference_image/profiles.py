@@ -201,12 +201,29 @@ class Resolved:
 
     @property
     def digest(self) -> str:
-        """sha256 of the resolved profile and the catalog entries it uses: the profile hash."""
-        blob = {"profile": self.data, "target": self.target.model_dump(mode="json")}
+        """sha256 of the resolved profile and the catalog entries it uses: the profile hash.
+        Fields in DIGEST_AT_DEFAULT are left out while they hold the value that serves as
+        before they existed."""
+        data = json.loads(json.dumps(self.data))
+        for path, default in DIGEST_AT_DEFAULT.items():
+            *parents, leaf = path.split(".")
+            node = data
+            for part in parents:
+                node = node.get(part, {}) if isinstance(node, dict) else {}
+            if isinstance(node, dict) and node.get(leaf, default) == default:
+                node.pop(leaf, None)
+        blob = {"profile": data, "target": self.target.model_dump(mode="json")}
         if self.draft is not None:
             blob["draft"] = self.draft.model_dump(mode="json")
         canon = json.dumps(blob, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()
+
+
+# Fields added after records of the tiers existed, with the value that serves as before: a
+# profile that leaves them there keeps its digest, so the ledger still reads its records as the
+# tier as it ships (docs/benchmarks.md). A field whose default changes what serves is not listed.
+DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
+                                     "serving.page_cache_prefetch": False}
 
 
 def _cc(cc: str | None) -> tuple[int, int]:

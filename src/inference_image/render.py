@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from . import startup
 from .profiles import NODE_EXPORTER_PORT, SUPPORTED_RELEASES, Instance, Resolved, project_root
 
 MARKER = ".inference-image-render"
@@ -55,6 +56,9 @@ PATHS = {
     "join": "/usr/local/sbin/inference-join",
     # the build's last command: SSH host and build keys go, then the power-off (sysprep installs it)
     "seal": "/usr/local/sbin/inference-seal",
+    # an instance's start: the warm-cache bundle's check and the page-cache prefetch
+    # (src/inference_image/startup.py, installed as it is)
+    "startup": "/usr/local/sbin/inference-startup",
 }
 # a fleet worker's instance that is leaving its router (a file named by its port, from its
 # ExecStop until its next start): the join timer must not add it back while it drains. Beside the
@@ -225,6 +229,9 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         "INFERENCE_PYTHON": f"{PATHS['vllm_venv']}/bin/python",
         "MODEL_PATH": model_path(p.model.target),
         "MODEL_SOURCE": weights or "local-config",
+        # the root of the caches below: inference-run checks a warm-cache bundle there
+        "INFERENCE_CACHE": PATHS["cache"],
+        **({"INFERENCE_PREFETCH": "1"} if p.serving.page_cache_prefetch else {}),
         "VLLM_CACHE_ROOT": f"{PATHS['cache']}/vllm",
         "TORCHINDUCTOR_CACHE_DIR": f"{PATHS['cache']}/inductor",
         "TRITON_CACHE_DIR": f"{PATHS['cache']}/triton",
@@ -239,6 +246,14 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     if r.is_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
         env.update(NATIVE_SAMPLER)
+        # vLLM keeps the KV cache size its memory profiling found under its cache root and later
+        # starts on the same GPU model and free memory skip the profiling; a warm-cache bundle
+        # carries it (docs/decisions.md#ready-time)
+        env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        if p.serving.engine_process == "fork":
+            # vLLM's CLI spawns its engine core, which imports everything the API server
+            # imported again; forked, it starts with them (docs/decisions.md#ready-time)
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         if p.hardware.nvswitch:
             # NVLink multicast needs fabric manager state we cannot verify, in NCCL and in torch's
             # symmetric memory, whose all-reduce vLLM 0.26 takes by default where multicast
@@ -535,6 +550,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
     tpl("usr/local/sbin/inference-join.j2", "usr/local/sbin/inference-join", 0o755)
+    out[PATHS["startup"].lstrip("/")] = (Path(startup.__file__).read_text(), 0o755)
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
     out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)

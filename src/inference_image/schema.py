@@ -256,6 +256,15 @@ class Serving(Strict):
         1, ge=1, le=64, description="tokens a streamed answer gathers before the API server sends "
         "them (vLLM's --stream-interval; the first token and the last go at once): fewer chunks "
         "for the one API server process to build and write where it saturates")
+    engine_process: Literal["spawn", "fork"] = Field(
+        "spawn", description="how vLLM's API server starts its engine core process: spawn (vLLM's "
+        "CLI default: a new interpreter that imports everything again) or fork (starts with "
+        "what the API server imported; vLLM spawns anyway where CUDA is already initialized). GPU "
+        "tiers")
+    page_cache_prefetch: bool = Field(
+        False, description="at each start, read the vLLM venv into the page cache in the "
+        "background while Python imports, then ask for the models' files "
+        "(inference-startup prefetch)")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, le=1024, description="per GPU: CUDA context, activations, CUDA graphs"
     )

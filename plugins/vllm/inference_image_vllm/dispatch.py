@@ -83,17 +83,23 @@ _table: Table | None = None
 TABLES = Path(__file__).with_name("tables")
 
 
+# The table is read when the plugin installs, in vLLM's API server process too, which may fork its
+# engine core (serving.engine_process): asked through vLLM's platform (NVML), the GPU's name and
+# capability leave CUDA uninitialized there, where torch's would initialize it and make vLLM spawn
+# the engine core, importing everything again (docs/decisions.md#ready-time).
 def capability() -> str:
-    import torch
+    from vllm.platforms import current_platform
 
-    major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}"
+    cap = current_platform.get_device_capability()
+    if cap is None:
+        raise RuntimeError("vLLM's platform reads no GPU compute capability")
+    return f"{cap.major}.{cap.minor}"
 
 
 def device_name() -> str:
-    import torch
+    from vllm.platforms import current_platform
 
-    return torch.cuda.get_device_name()
+    return current_platform.get_device_name()
 
 
 def table_file_name(device: str) -> str:

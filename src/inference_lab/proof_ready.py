@@ -1,0 +1,351 @@
+"""The `ready` step: how long a server takes from its process start to its first answer, and
+where that time goes, cold, warm and from a warm-cache bundle; the Runner takes it from this
+mixin.
+
+A start's moments are the first log lines that mark them (inference_image.startup.MOMENTS, the
+same reading the image's first boot logs), timed by this process's clock as the lines arrive.
+Every start gets a home of its own, so no cache outside the instance cache (~/.cache, ~/.triton,
+CUDA's JIT cache) carries over unless it is listed; what a cold start wrote outside the cache
+root is recorded. `cold` and `bundle` starts drop the page cache first where the kernel lets
+them (a new machine has read nothing yet) and say whether it did.
+
+With `image_paths` the server runs from the image's own paths: vLLM's packages linked into a
+virtualenv at the image's vLLM venv, the stand-in models at the image's model paths, the caches
+at the image's cache root. vLLM's compile hash reads the source paths it traced and the model
+path, so only a bundle made this way loads on an image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from inference_image import startup
+from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
+
+from .proof_machine import Server, serving, without_cuda_compiler
+from .proof_plan import READY_STARTS, STANDIN, ProofError, Step
+from .proof_probes import completion_request
+
+BUNDLE_NAME = "warm-cache.tar.gz"
+FIRST_ANSWER_TOKENS = 16
+IMPORT_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def drop_page_cache() -> bool:
+    """Forget the files read so far, as a new machine has read none (root only)."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def image_environ() -> dict[str, str]:
+    """This process's environment less vLLM's variables: vLLM's compile hash reads every one of
+    them, and an image's instance has only those of its unit (e.g. the GPU machine's guide sets
+    VLLM_USE_DEEP_GEMM=0, which the image does not)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+
+
+def start_timed(argv: list[str], env: dict[str, str], log: Path, port: int,
+                lines: list[tuple[float, str]], base: dict[str, str] | None = None) -> Server:
+    """A server whose output lines are written to `log` and kept in `lines` with the seconds
+    since its start at which each arrived; `base`: its environment before `env` (default this
+    process's)."""
+    if serving(port):
+        raise ProofError(f"port {port} already serves: stop that server first")
+    argv = [*os.environ.get("PROOF_SERVER_WRAP", "").split(), *argv]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=without_cuda_compiler({**(base or os.environ), **env}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def copy() -> None:
+        with log.open("wb") as fh:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                fh.write(raw)
+                fh.flush()
+                lines.append((time.monotonic() - t0, raw.decode(errors="replace").rstrip()))
+
+    threading.Thread(target=copy, daemon=True).start()
+    return Server(proc, port, log, t0)
+
+
+def first_answer(port: int, model: str) -> float:
+    """Seconds one short greedy completion takes: what the first client after a start waits."""
+    t0 = time.monotonic()
+    req = completion_request(f"http://127.0.0.1:{port}", {
+        "model": model, "prompt": "The first request after a start", "temperature": 0,
+        "max_tokens": FIRST_ANSWER_TOKENS, "ignore_eos": True})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        resp.read()
+    return time.monotonic() - t0
+
+
+def _size_mib(root: Path) -> float:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += (Path(dirpath) / f).lstat().st_size
+    return round(total / 2**20, 1)
+
+
+def written_under(root: Path, since: float) -> dict[str, float]:
+    """MiB written under each top folder of `root` after `since` (epoch seconds)."""
+    out: dict[str, float] = {}
+    if not root.is_dir():
+        return out
+    for top in root.iterdir():
+        total = 0
+        for dirpath, _, files in os.walk(top) if top.is_dir() else [(str(root), [], [top.name])]:
+            for f in files:
+                with contextlib.suppress(OSError):
+                    st = (Path(dirpath) / f).lstat()
+                    if st.st_mtime >= since:
+                        total += st.st_size
+        if total:
+            out[top.name] = round(total / 2**20, 1)
+    return out
+
+
+def image_layout(python: str, site_dirs: list[Path], venv: Path) -> str:
+    """A virtualenv at `venv` (the image's vLLM venv path) whose site-packages links every entry
+    of `site_dirs` (the first wins): the packages this machine has, imported from the paths the
+    image imports them from. Its Python."""
+    py = venv / "bin" / "python"
+    if not py.exists():
+        proc = subprocess.run([python, "-m", "venv", "--without-pip", str(venv)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise ProofError(f"image_paths: no virtualenv at {venv}: "
+                             f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+    ver = subprocess.run([str(py), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    site = venv / "lib" / f"python{ver}" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    for src in site_dirs:
+        if not src.is_dir():
+            continue
+        for entry in sorted(src.iterdir()):
+            if entry.name in ("__pycache__", "bin") or (site / entry.name).exists() or \
+                    (site / entry.name).is_symlink():
+                continue
+            (site / entry.name).symlink_to(entry)
+    return str(py)
+
+
+def link_model(stand_in: Path, name: str) -> str:
+    """The stand-in at the image's path of model `name` (a link), that path."""
+    dest = Path(model_path(name))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    elif dest.is_dir():
+        raise ProofError(f"image_paths: {dest} is a folder (a real model?); move it away")
+    dest.symlink_to(stand_in.resolve())
+    return str(dest)
+
+
+def import_profile(python: str, env: dict[str, str], top: int = 12) -> dict[str, Any]:
+    """`python -X importtime` of vLLM's API server module: its wall time and the modules whose
+    imports (with what they import) took longest."""
+    t0 = time.monotonic()
+    proc = subprocess.run([python, "-X", "importtime", "-c", f"import {IMPORT_MODULE}"],
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          check=False, timeout=300)
+    wall = time.monotonic() - t0
+    rows = []
+    for line in proc.stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+        if m:
+            rows.append((int(m.group(2)), len(m.group(3)), m.group(4)))
+    # the outermost modules below the top level, by their cumulative time
+    heavy = sorted((r for r in rows if r[1] <= 3), reverse=True)[:top]
+    return {"module": IMPORT_MODULE, "wall_s": round(wall, 2), "exit": proc.returncode,
+            "top_cumulative_s": [[name, round(us / 1e6, 2)] for us, _, name in heavy]}
+
+
+class ReadySteps:
+    """The `ready` step of the Runner (proof.py)."""
+
+    def step_ready(self, step: Step) -> None:
+        """Start the server (the render as it ships, or vanilla `vllm serve`) once per state of
+        `step.starts` and time each start's phases up to its first answer: `cold` (an empty
+        cache), `warm` (the cache the start before left), `bundle` (the cache packed into a
+        warm-cache bundle, or `step.bundle`'s, installed into an emptied cache root, as the
+        image's build installs one; the render's inference-run checks it, as on an image)."""
+        label = step.name()
+        starts = step.starts or READY_STARTS
+        if step.vanilla and step.image_paths:
+            raise ProofError(f"{label}: image_paths serves the render; vanilla runs as a user "
+                             "would, from this machine's own paths")
+        if step.bundle and not Path(step.bundle).is_file():
+            raise ProofError(f"{label}: bundle {step.bundle}: not a file")
+        argv, env, port, model, python, root, profile_json = self._ready_server(step)
+        record = self.results.setdefault("ready", {}).setdefault(label, {})
+        record.update({"cache": str(root), "python": python, "image_paths": step.image_paths,
+                       "vanilla": step.vanilla, "argv": " ".join(argv)})
+        # the starts in the order they ran, over calls (proof.json sorts its keys)
+        record["order"] = [*[s for s in record.get("order", []) if s not in starts], *starts]
+        runs = record.setdefault("starts", {})
+        bundle = Path(step.bundle) if step.bundle else None
+        for i, state in enumerate(starts):
+            if state == "cold":
+                self._wipe(root)
+            elif state == "bundle":
+                if bundle is None:
+                    bundle = self._pack(label, root, python, profile_json, record, env)
+                self._wipe(root)
+                try:
+                    startup.install(bundle, root)
+                except startup.BundleError as exc:
+                    raise ProofError(f"{label}: {exc}") from None
+            home = self.work / "ready-home" / f"{label}-{state}"
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir(parents=True)
+            senv = {**env, "HOME": str(home)}
+            entry: dict[str, Any] = {}
+            if state in ("cold", "bundle"):
+                entry["page_cache_dropped"] = drop_page_cache()
+            runs[state] = entry
+            since = time.time()
+            self._phase(f"the {state} start")
+            lines: list[tuple[float, str]] = []
+            (self.work / "logs").mkdir(parents=True, exist_ok=True)
+            srv = start_timed(argv, senv, self.work / "logs" / f"{label}-{state}.log", port, lines,
+                              image_environ() if step.image_paths else None)
+            try:
+                ready = srv.wait_ready()
+                answered = ready + first_answer(port, model)
+                entry.update(startup.anatomy(list(lines), ready, answered))
+                entry.update({"ready_s": ready, "answered_s": round(answered, 2)})
+                self.results.setdefault("ready_s", {})[f"{label}-{state}"] = {
+                    "s": ready, "compile_cache": state}
+                print(f"[{label}] {state}: ready {ready} s, answered {answered:.1f} s; phases "
+                      f"{entry['phases']}; {entry['said'].get('warm_cache', '')}", flush=True)
+                if state == "bundle" and not step.vanilla and "matches" not in \
+                        entry["said"].get("warm_cache", ""):
+                    raise ProofError(f"{label}: the bundle start did not use the bundle: "
+                                     f"{entry['said'].get('warm_cache', 'no check line')}")
+                if step.concurrency and i == len(starts) - 1:
+                    self._phase("the bench rows")
+                    self._bench(f"{label}-{state}", port, model, step.concurrency,
+                                None if step.vanilla else self.step_resolved(step), (),
+                                step.sampling)
+            finally:
+                self._phase("stopping the server")
+                srv.stop()
+                entry["cache_mib"] = {p: _size_mib(root / p) for p in startup.CACHE_PARTS
+                                      if (root / p).exists()}
+                if state == "cold":
+                    entry["written_outside"] = {
+                        "home": written_under(home, since),
+                        "tmp": {k: v for k, v in written_under(Path("/tmp"), since).items()
+                                if not (self.work.is_relative_to("/tmp") and
+                                        k == self.work.relative_to("/tmp").parts[0])}}
+                self.save()
+        if not step.vanilla and "bundle" not in starts and not step.bundle:
+            # what a build on this GPU would ship: the cache the starts left
+            self._pack(label, root, python, profile_json, record, env)
+            self.save()
+        if step.import_profile:
+            self._phase("the import profile")
+            record["imports"] = import_profile(python, {k: v for k, v in env.items()
+                                                        if k in ("PYTHONPATH",)})
+            print(f"[{label}] import {IMPORT_MODULE}: {record['imports']['wall_s']} s; "
+                  f"{record['imports']['top_cumulative_s'][:5]}", flush=True)
+
+    def _ready_server(self, step: Step) -> tuple[list[str], dict[str, str], int, str, str, Path,
+                                                 Path | None]:
+        """The command, environment, port, model name, Python, cache root and profile.json of
+        the server the step starts."""
+        label = step.name()
+        root = Path(PATHS["cache"]) if step.image_paths else self.work / f"ready-cache-{label}"
+        cache_env = {**self._cache_env(root), "XDG_CACHE_HOME": f"{root}/xdg-cache",
+                     "XDG_CONFIG_HOME": f"{root}/xdg-config"}
+        if step.vanilla:
+            r = self.resolved()
+            port, name = r.instances[0].port, r.profile.model.target
+            from .proof_plan import vanilla_step
+            args = step.args or vanilla_step(r).args
+            argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
+                    str(self.made(self.model_for(r, checkpoint=False))), "--load-format",
+                    "dummy", "--served-model-name", name, "--port", str(port), *args]
+            return argv, {**cache_env, **NATIVE_SAMPLER}, port, name, self.python, root, None
+        r, _, env, _ = self._rendered(step)
+        inst = r.instances[0]
+        env = {**env, **cache_env}
+        python = self.python
+        rdir = Path(env["INFERENCE_ROOT"])
+        if step.image_paths:
+            site = os.environ.get("PROOF_SITE", "/tmp/site")
+            system = subprocess.run([self.python, "-c", "import sysconfig; "
+                                     "print(sysconfig.get_paths()['purelib'])"],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+            python = image_layout(self.python, [Path(site), Path(system)],
+                                  Path(PATHS["vllm_venv"]))
+            env["INFERENCE_PYTHON"] = python
+            env["MODEL_PATH"] = link_model(Path(env["MODEL_PATH"]), r.profile.model.target)
+            if r.profile.model.speculative.draft:
+                env["DRAFT_PATH"] = link_model(Path(env["DRAFT_PATH"]),
+                                               r.profile.model.speculative.draft)
+            # the stand-ins' correction only: vLLM and its packages come from the venv's paths
+            env["PYTHONPATH"] = str(STANDIN)
+        return ([str(rdir / "usr/local/bin/inference-run"), inst.name], env, inst.port,
+                r.profile.model.target, python, root, rdir / "etc/inference-image/profile.json")
+
+    def _wipe(self, root: Path) -> None:
+        for p in (*startup.CACHE_PARTS, "xdg-config", "tmp", startup.MANIFEST, startup.REJECTED):
+            target = root / p
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+
+    def _key(self, python: str, root: Path, profile_json: Path | None,
+             env: dict[str, str]) -> dict[str, str]:
+        """The machine key as the server sees it: where its Python imports vLLM from, its
+        models (MODEL_PATH, DRAFT_PATH)."""
+        argv = [python, startup.__file__, "key", "--cache", str(root)]
+        if profile_json:
+            argv += ["--profile-json", str(profile_json)]
+        see = {k: env[k] for k in ("PYTHONPATH", "MODEL_PATH", "DRAFT_PATH") if k in env}
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False,
+                              env={**os.environ, "MODEL_PATH": "", "DRAFT_PATH": "", **see})
+        if proc.returncode:
+            raise ProofError(f"the machine key: {proc.stderr.strip()[-300:]}")
+        return dict(json.loads(proc.stdout))
+
+    def _pack(self, label: str, root: Path, python: str, profile_json: Path | None,
+              record: dict[str, Any], env: dict[str, str]) -> Path:
+        out = self.work / "ready" / f"{label}-{BUNDLE_NAME}"
+        self._phase("packing the warm cache")
+        t0 = time.monotonic()
+        try:
+            manifest = startup.make(root, out, self._key(python, root, profile_json, env))
+        except startup.BundleError as exc:
+            raise ProofError(f"{label}: {exc}") from None
+        record["bundle"] = {"path": str(out), "files": len(manifest["files"]),
+                            "cache_mib": round(manifest["bytes"] / 2**20, 1),
+                            "mib": round(out.stat().st_size / 2**20, 1),
+                            "make_s": round(time.monotonic() - t0, 1), "key": manifest["key"]}
+        # small enough to come back from a GPU machine: restored on another, fresh one
+        if (mirror := self._mirror()) and out.stat().st_size <= 15 * 2**20:
+            shutil.copy(out, mirror / f"{label}-{BUNDLE_NAME}")
+        print(f"[{label}] bundle: {record['bundle']['files']} files, "
+              f"{record['bundle']['cache_mib']} MiB of cache, {record['bundle']['mib']} MiB "
+              f"packed in {record['bundle']['make_s']} s", flush=True)
+        return out

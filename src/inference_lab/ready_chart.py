@@ -1,0 +1,101 @@
+"""Ready time in the evidence ledger: each tier's starts (vanilla vLLM and the render as it ships,
+cold, warm and from a warm-cache bundle) as a table and a stacked-bar chart of their phases, from
+the `ready` steps of the proof records (inference_lab.proof_ready)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from inference_image.startup import PHASES
+
+# the phases in the order a start passes them (a stacked bar's segments, left to right)
+ORDER = tuple(PHASES.values())
+STATES = ("cold", "warm", "bundle")
+
+
+@dataclass
+class Start:
+    run: int
+    machine: str
+    label: str
+    vanilla: bool
+    state: str
+    answered_s: float
+    phases: list[tuple[str, float]]
+
+    def name(self) -> str:
+        return f"{'vanilla vLLM' if self.vanilla else 'image'}, {self.state}"
+
+
+def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
+    out = []
+    for label, rec in (proof.get("ready") or {}).items():
+        for state in rec.get("order", []):
+            e = (rec.get("starts") or {}).get(state) or {}
+            if "answered_s" in e:
+                out.append(Start(run, machine, label, bool(rec.get("vanilla")), state,
+                                 float(e["answered_s"]),
+                                 [(str(n), float(s)) for n, s in e.get("phases", [])]))
+    return out
+
+
+def newest(found: list[Start]) -> list[Start]:
+    """The newest run's starts of one machine, vanilla first, then cold, warm, bundle."""
+    if not found:
+        return []
+    run = max(s.run for s in found)
+    machine = sorted(s.machine for s in found if s.run == run)[0]
+    these = [s for s in found if s.run == run and s.machine == machine]
+    return sorted(these, key=lambda s: (not s.vanilla, STATES.index(s.state)
+                                        if s.state in STATES else 9))
+
+
+def table(rows: list[Start]) -> str:
+    head = "| start | first answer, s | " + " | ".join(ORDER) + " |\n"
+    head += "|---|---|" + "---|" * len(ORDER) + "\n"
+    for s in rows:
+        ph = dict(s.phases)
+        head += (f"| {s.name()} (run {s.run}) | {s.answered_s:.1f} | "
+                 + " | ".join(f"{ph[p]:.1f}" if p in ph else "-" for p in ORDER) + " |\n")
+    return head
+
+
+def svg(tier: str, rows: list[Start]) -> str:
+    """A horizontal stacked bar a start, its phases left to right; deterministic SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.hashsalt": "inference-image", "svg.fonttype": "none",
+                         "font.size": 9})
+    colors = plt.get_cmap("tab20").colors
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.4 * len(rows)))
+    labels = [s.name() for s in rows]
+    for i, phase in enumerate(ORDER):
+        lefts, widths = [], []
+        for s in rows:
+            before = 0.0
+            for name, sec in s.phases:
+                if name == phase:
+                    break
+                before += sec
+            lefts.append(before)
+            widths.append(dict(s.phases).get(phase, 0.0))
+        ax.barh(labels, widths, left=lefts, color=colors[i % len(colors)], label=phase,
+                height=0.6)
+    for y, s in enumerate(rows):
+        ax.text(s.answered_s + 1, y, f"{s.answered_s:.0f} s", va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the process start to the first answer")
+    ax.set_title(f"{tier}: where a start's time goes (run {rows[0].run}, "
+                 f"{'page cache dropped before cold and bundle starts'})", fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    ax.set_xlim(0, max(s.answered_s for s in rows) * 1.12)
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,233 @@
+"""inference-startup: the warm-cache bundle (made, installed, checked against the machine before
+each start) and a start's anatomy from its log. Real files and tar archives in a scratch folder;
+the machine key is given, as a machine of another GPU or driver would have it."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from inference_image import startup
+from inference_image.profiles import DIGEST_AT_DEFAULT, resolve
+
+SCRIPT = Path(startup.__file__)
+
+
+def key(**change: str) -> dict[str, str]:
+    k = {f: "x" for f in startup.KEY_FIELDS}
+    k.update(gpu="NVIDIA H200", driver_major="580", vllm="0.26.0")
+    k.update(change)
+    return k
+
+
+def a_cache(root: Path) -> Path:
+    """A cache root as a start leaves it: compiled graphs, Triton kernels, a startup plan."""
+    for rel, data in (("vllm/torch_compile_cache/abc/rank_0_0/backbone/graph.bin", b"g" * 5000),
+                      ("vllm/startup_plan/startup_plan_1.json", b'{"kv": 1}'),
+                      ("triton/K/kernel.cubin", b"\x7fELF" + b"k" * 100),
+                      ("inductor/fx/entry", b"e")):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    (root / "tmp").mkdir()
+    (root / "tmp" / "scratch").write_text("not part of a bundle")
+    return root
+
+
+def test_a_bundle_installed_on_a_machine_of_its_key_is_kept_and_vllm_finds_its_files(
+        tmp_path: Path) -> None:
+    bundle = tmp_path / "b.tar.gz"
+    m = startup.make(a_cache(tmp_path / "made"), bundle, key())
+    assert sorted(m["files"]) == ["inductor/fx/entry", "triton/K/kernel.cubin",
+                                  "vllm/startup_plan/startup_plan_1.json",
+                                  "vllm/torch_compile_cache/abc/rank_0_0/backbone/graph.bin"]
+    cache = tmp_path / "cache"
+    startup.install(bundle, cache)
+    assert (cache / "vllm/torch_compile_cache/abc/rank_0_0/backbone/graph.bin").read_bytes() == \
+        b"g" * 5000
+    state, line = startup.check(cache, key())
+    assert state == "bundle" and "matches this machine (NVIDIA H200, vLLM 0.26.0): 4 files" in line
+    # a restart: the digests were read once, the sizes are checked again
+    assert json.loads((cache / startup.MANIFEST).read_text())["verified_for"]
+    assert startup.check(cache, key())[0] == "bundle"
+    # installing the same bundle again changes nothing
+    assert startup.install(bundle, cache).get("already") is True
+
+
+@pytest.mark.parametrize(("field", "here"), [("gpu", "NVIDIA H100 80GB HBM3"),
+                                              ("driver_major", "570"), ("vllm", "0.27.0"),
+                                              ("profile_sha256", "other"), ("site", "/elsewhere")])
+def test_a_bundle_of_another_machine_is_removed_with_why_and_the_start_compiles(
+        tmp_path: Path, field: str, here: str) -> None:
+    bundle = tmp_path / "b.tar.gz"
+    startup.make(a_cache(tmp_path / "made"), bundle, key())
+    cache = tmp_path / "cache"
+    startup.install(bundle, cache)
+    state, line = startup.check(cache, key(**{field: here}))
+    assert state == "stale"
+    assert f"{field} is {here!r} here, {key()[field]!r} in the bundle" in line
+    assert line.endswith("The instance compiles as on a fresh machine")
+    assert not any((cache / p).exists() for p in startup.CACHE_PARTS)
+    assert not (cache / startup.MANIFEST).exists()
+    # the next start (the instance's own cache now) says so, and why the bundle went
+    state, line = startup.check(cache, key(**{field: here}))
+    assert state == "none" and "the last was not used" in line and field in line
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing", "manifest"])
+def test_a_damaged_bundle_is_removed_and_the_start_goes_on(tmp_path: Path, damage: str) -> None:
+    bundle = tmp_path / "b.tar.gz"
+    startup.make(a_cache(tmp_path / "made"), bundle, key())
+    cache = tmp_path / "cache"
+    startup.install(bundle, cache)
+    graph = cache / "vllm/torch_compile_cache/abc/rank_0_0/backbone/graph.bin"
+    if damage == "truncated":
+        graph.write_bytes(b"g" * 10)
+    elif damage == "flipped":  # same size, other bytes: only the digest tells
+        graph.write_bytes(b"h" * 5000)
+    elif damage == "missing":
+        graph.unlink()
+    else:
+        (cache / startup.MANIFEST).write_text("{not json")
+    state, line = startup.check(cache, key())
+    assert state == "corrupt", line
+    assert not graph.exists()
+    # the command a start runs says it in one line and exits 0, whatever it found
+    proc = subprocess.run([sys.executable, str(SCRIPT), "check", "--cache", str(cache)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc
+    assert "no warm-cache bundle (the last was not used" in proc.stdout
+
+
+def _tar(path: Path, manifest: dict | None, members: list[tarfile.TarInfo],
+         data: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        if manifest is not None:
+            raw = json.dumps(manifest).encode()
+            info = tarfile.TarInfo(startup.MANIFEST)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+        for m in members:
+            tar.addfile(m, io.BytesIO(data.get(m.name, b"")) if m.isreg() else None)
+    return path
+
+
+def _file(name: str, body: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = len(body)
+    return info
+
+
+@pytest.mark.parametrize("case", ["escape", "link", "unlisted", "digest", "no-manifest",
+                                  "absolute", "other-part"])
+def test_install_refuses_a_bundle_it_did_not_write_and_leaves_the_cache_as_it_was(
+        tmp_path: Path, case: str) -> None:
+    import hashlib
+    body = b"payload"
+    good = {"vllm/a": [len(body), hashlib.sha256(body).hexdigest()]}
+    manifest = {"schema": 1, "key": key(), "files": good}
+    members = [_file("vllm/a", body)]
+    if case == "escape":
+        manifest["files"] = {"vllm/../../x": good["vllm/a"]}
+    elif case == "link":
+        link = tarfile.TarInfo("vllm/b")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+        members.append(link)
+    elif case == "unlisted":
+        members.append(_file("vllm/extra", b"x"))
+    elif case == "digest":
+        manifest["files"] = {"vllm/a": [len(body), "0" * 64]}
+    elif case == "absolute":
+        members = [_file("/tmp/evil", body)]
+    elif case == "other-part":
+        members = [_file("etc/cron.d/x", body)]
+    bundle = _tar(tmp_path / "b.tar.gz", None if case == "no-manifest" else manifest, members,
+                  {"vllm/a": body, "vllm/extra": b"x", "/tmp/evil": body, "etc/cron.d/x": body})
+    cache = tmp_path / "cache"
+    (cache / "vllm").mkdir(parents=True)
+    (cache / "vllm" / "own").write_text("the instance's own cache")
+    with pytest.raises(startup.BundleError) as exc:
+        startup.install(bundle, cache)
+    assert "\n" not in str(exc.value) and str(bundle) in str(exc.value)
+    assert (cache / "vllm" / "own").read_text() == "the instance's own cache"
+    assert not (cache / startup.MANIFEST).exists()
+    assert sorted(p.name for p in cache.iterdir()) == ["vllm"]  # no stage left behind
+    assert not (tmp_path / "x").exists() and not Path("/tmp/evil").exists()
+
+
+def test_show_names_what_a_bundle_is_for_and_refuses_what_a_build_cannot_pass_on(
+        tmp_path: Path) -> None:
+    bundle = tmp_path / "b.tar.gz"
+    startup.make(a_cache(tmp_path / "made"), bundle, key())
+    assert "on NVIDIA H200 (driver 580, vLLM 0.26.0" in startup.describe(bundle)
+    for bad, why in ((tmp_path / "a b.tar.gz", "a path of letters"),
+                     (tmp_path / "none.tar.gz", "not a file"),
+                     (tmp_path / "made" / "inductor" / "fx" / "entry", "not a readable tar.gz")):
+        with pytest.raises(startup.BundleError, match=why):
+            startup.describe(bad)
+
+
+def test_an_empty_cache_is_no_bundle(tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    with pytest.raises(startup.BundleError, match="no compiled state"):
+        startup.make(tmp_path, tmp_path / "b.tar.gz", key())
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+JOURNAL = """\
+[  100.000000] h inference-run[7]: inference-startup: no warm-cache bundle
+[  118.500000] h inference-run[7]: (APIServer pid=7) INFO 11-29 06:00:23 [api_utils.py:345] vLLM
+[  138.000000] h inference-run[7]: (EngineCore pid=9) INFO Initializing a V1 LLM engine
+[  141.500000] h inference-run[7]: (EngineCore pid=9) INFO Model loading took 9.34 GiB and 2.8 seconds
+[  147.000000] h inference-run[7]: (EngineCore pid=9) INFO Dynamo bytecode transform time: 3.25 s
+[  147.500000] h inference-run[7]: (EngineCore pid=9) INFO torch.compile took 5.65 s in total
+[  148.000000] h inference-run[7]: (EngineCore pid=9) INFO torch.compile took 0.27 s in total
+[  148.500000] h inference-run[7]: (EngineCore pid=9) INFO GPU KV cache size: 1,829,984 tokens
+[  157.000000] h inference-run[7]: (EngineCore pid=9) INFO Graph capturing finished in 9 secs, took 2.50 GiB
+[  158.000000] h inference-run[7]: (EngineCore pid=9) INFO init engine (profile, create kv cache, \
+warmup model) took 16.55 s
+[  161.000000] h inference-run[7]: (APIServer pid=7) INFO Application startup complete.
+"""
+
+
+def test_a_starts_phases_come_from_its_journal_in_the_order_it_passes_them() -> None:
+    a = startup.anatomy(startup.journal_lines(JOURNAL, 100.0), ready_s=61.5, answered_s=61.6)
+    assert a["phases"] == [["api_imports", 18.5], ["engine_process", 19.5], ["weights", 3.5],
+                           ["compile", 6.5], ["kv_profile", 0.5], ["graph_capture", 8.5],
+                           ["warmup", 1.0], ["api_startup", 3.0], ["health", 0.5],
+                           ["first_answer", 0.1]]
+    # the target's and the draft's compiles, summed
+    assert a["reported"]["compile_s"] == 5.92 and a["reported"]["graph_capture_s"] == 9.0
+    assert a["said"]["warm_cache"] == "inference-startup: no warm-cache bundle"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "phases", "--since-monotonic", "100",
+                           "--ready-s", "61.5"], input=JOURNAL, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert json.loads(proc.stdout)["phases"][:2] == [["api_imports", 18.5],
+                                                     ["engine_process", 19.5]]
+
+
+def test_prefetch_reads_the_venv_then_asks_for_the_models(tmp_path: Path) -> None:
+    venv, model = tmp_path / "site", tmp_path / "model"
+    (venv / "torch" / "lib").mkdir(parents=True)
+    (venv / "torch" / "lib" / "libtorch.so.2").write_bytes(b"s" * 3000)
+    (venv / "torch" / "__pycache__").mkdir()
+    (venv / "torch" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"c" * 100)
+    (venv / "torch" / "x.py").write_text("source: compiled ones are read")
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w" * 5000)
+    (model / "config.json").write_text("{}")
+    assert startup.prefetch([venv], [model]) == (4, 3000 + 100 + 5000 + 2)
+
+
+def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_digest() -> None:
+    before = resolve("h100").digest
+    for path, default in DIGEST_AT_DEFAULT.items():
+        assert resolve("h100", overrides=[f"{path}={str(default).lower()}"]).digest == before
+    assert resolve("h100", overrides=["serving.engine_process=fork"]).digest != before
+    assert resolve("h100", overrides=["serving.page_cache_prefetch=true"]).digest != before
