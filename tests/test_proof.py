@@ -1858,3 +1858,83 @@ def test_a_node_takes_the_next_block_of_gpus(tmp_path: Path) -> None:
 
 def test_the_step_registry_runs_every_kind_a_plan_may_name() -> None:
     assert list(proof.STEPS) == list(proof.KINDS)
+
+
+STANDIN_COMPILING_VLLM = r'''#!/usr/bin/env python3
+"""Stands in for vLLM's start as the `ready` step times it: the log lines that mark its moments,
+and a compile that only a start without a compiled cache under $VLLM_CACHE_ROOT pays (it writes
+one; a later start says it loaded it). Without --port it is Python (inference-run's startup
+check, the lab's key probe)."""
+''' + STANDIN_HTTP + r'''import pathlib, time
+if "--port" not in sys.argv:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+port = int(sys.argv[sys.argv.index("--port") + 1])
+cache = pathlib.Path(os.environ["VLLM_CACHE_ROOT"]) / "torch_compile_cache" / "abc" / "model.bin"
+print("(APIServer pid=1) INFO vLLM API server version 0.0", flush=True)
+print("(EngineCore pid=2) INFO Model loading took 1.0 GiB and 0.1 seconds", flush=True)
+if cache.is_file():
+    print("(EngineCore pid=2) INFO Directly load the compiled graph(s) for compile range", flush=True)
+else:
+    time.sleep(1.0)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_bytes(b"compiled" * 1000)
+    print("(EngineCore pid=2) INFO torch.compile took 1.00 s in total", flush=True)
+print("(EngineCore pid=2) INFO Available KV cache memory: 1 GiB", flush=True)
+print("(EngineCore pid=2) INFO Graph capturing finished in 1 secs, took 0.1 GiB", flush=True)
+print("(EngineCore pid=2) INFO init engine (profile, create kv cache, warmup model) took 1.5 s", flush=True)
+class H(JSONHandler):
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "tiny-llama"}]} if self.path == "/v1/models" else {})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._send(200, {"choices": [{"text": "x", "index": 0}]})
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+print("(APIServer pid=1) INFO Application startup complete.", flush=True)
+srv.serve_forever()
+'''
+
+
+def test_ready_times_cold_warm_and_bundle_starts_and_the_bundle_loads_compiled(
+        tmp_path: Path) -> None:
+    """The `ready` step starts the render's instance cold, warm, then from a warm-cache bundle
+    packed from the warm cache and installed into an emptied cache root: each start's phases come
+    from its log, the bundle's check passes, and the bundle start loads what the cold one compiled
+    (the stand-in compiles only into an empty cache)."""
+    vllm = tmp_path / "python"
+    vllm.write_text(STANDIN_COMPILING_VLLM)
+    vllm.chmod(0o755)
+    step = proof.Step("ready", label="ready-x", sets=(
+        "serving.instances=1", f"serving.base_port={free_port()}",
+        "model.speculative.method=none"))
+    runner = proof.Runner(plan=proof.Plan(tier="cpu", steps=[step]), out=tmp_path / "out",
+                          work=tmp_path / "work", model_dir=tmp_path / "model", python=str(vllm))
+    runner.run()
+    res = json.loads((tmp_path / "out" / "proof.json").read_text())
+    assert "failed" not in res, res.get("failed")
+    starts = res["ready"]["ready-x"]["starts"]
+    assert res["ready"]["ready-x"]["order"] == ["cold", "warm", "bundle"] == sorted(
+        starts, key=["cold", "warm", "bundle"].index)
+    assert "compile" in dict(starts["cold"]["phases"]) and starts["cold"]["reported"]["compile_s"] == 1.0
+    for state in ("warm", "bundle"):
+        assert starts[state]["said"]["loaded_compiled"] == 1, state
+        assert "compile_s" not in starts[state]["reported"]
+    # the render's own inference-run checked the bundle before the start, as an image's does
+    assert "matches this machine" in starts["bundle"]["said"]["warm_cache"]
+    assert starts["cold"]["said"]["warm_cache"].endswith("no warm-cache bundle")
+    # the phases add up to the first answer, in the order a start passes them
+    cold = starts["cold"]
+    assert [p for p, _ in cold["phases"]] == ["api_imports", "engine_process", "weights", "compile",
+                                    "kv_profile", "graph_capture", "warmup", "api_startup",
+                                    "health", "first_answer"]
+    assert sum(s for _, s in cold["phases"]) == pytest.approx(cold["answered_s"], abs=0.05)
+    assert {res["ready_s"][f"ready-x-{s}"]["compile_cache"] for s in starts} == set(starts)
+    bundle = res["ready"]["ready-x"]["bundle"]
+    assert bundle["files"] == 1 and bundle["key"]["cache"] == str(
+        tmp_path / "work" / "ready-cache-ready-x")
+
+
+def test_ready_options_belong_to_ready_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["proof", "step", "profile", "--starts", "cold"]) == 2
+    assert "ready steps only" in capsys.readouterr().err
+    assert proof.step_problem(proof.Step("ready", starts=("hot",))) == \
+        "starts: 'hot' is not one of cold, warm, bundle"

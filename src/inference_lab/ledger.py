@@ -21,6 +21,8 @@ from typing import Any
 
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
 
+from . import ready_chart
+
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 SCHEMA = 1
 # record kinds, in the order the page lists them, with their section's heading
@@ -392,7 +394,7 @@ def data_table(data: dict[str, Any]) -> str:
 
 
 def benchmarks_md(series: list[Series], recs: list[Record], chs: list[Chart],
-                  tiers: list[str]) -> str:
+                  tiers: list[str], ready: dict[str, list[ready_chart.Start]] | None = None) -> str:
     out = ["# Benchmarks: every measured configuration, and every record\n",
            "Written by `inference-lab ledger --write` (`make evidence`) from the records under "
            "[docs/benchmarks/](benchmarks/); do not edit by hand. Each table row is one "
@@ -403,13 +405,21 @@ def benchmarks_md(series: list[Series], recs: list[Record], chs: list[Chart],
            "in [decisions.md](decisions.md).\n",
            "![The image against vanilla vLLM, per tier](charts/speedup.svg)\n"]
     charted = {ch.tier: ch for ch in chs}
+    ready = ready or {}
     for tier in tiers:
-        if not any(s.tier == tier for s in series):
+        if not any(s.tier == tier for s in series) and tier not in ready:
             continue
         out.append(f"## {tier}\n")
         if tier in charted:
             out.append(f"![{tier}: the image against vanilla vLLM](charts/{tier}.svg)\n")
-        out.append(table(tier, series))
+        if any(s.tier == tier for s in series):
+            out.append(table(tier, series))
+        if tier in ready:
+            out.append(f"### {tier}: ready time\n\nSeconds from the process start to the first "
+                       "answer, phase by phase (`inference-lab proof step ready`; phases: "
+                       "`inference_image.startup.MOMENTS`).\n")
+            out.append(f"![{tier}: where a start's time goes](charts/{tier}-ready.svg)\n")
+            out.append(ready_chart.table(ready[tier]))
     for kind, heading in KINDS.items():
         these = sorted((r for r in recs if r.kind == kind),
                        key=lambda r: (r.date, r.run or 0, r.name), reverse=True)
@@ -425,15 +435,30 @@ def benchmarks_md(series: list[Series], recs: list[Record], chs: list[Chart],
     return "\n".join(out)
 
 
+def ready_starts(recs: list[Record]) -> dict[str, list[ready_chart.Start]]:
+    """Each tier's starts of its newest `ready` run (ready_chart.newest)."""
+    found: dict[str, list[ready_chart.Start]] = {}
+    for rec in recs:
+        if rec.kind != "proof":
+            continue
+        for name, proof in rec.doc["machines"].items():
+            tier = proof.get("tier") or rec.doc["tiers"].get(name, "")
+            found.setdefault(tier, []).extend(ready_chart.starts(rec.run or 0, name, proof))
+    return {t: rows for t, found_t in found.items() if (rows := ready_chart.newest(found_t))}
+
+
 def outputs(root: Path) -> dict[Path, str]:
     docs = root / "docs"
     tiers = list_tiers(root / "profiles")
     selection = json.loads((docs / "benchmarks" / "charts.json").read_text())
     series, recs = load(docs / "benchmarks", selection.get("_serves_as_it_ships", {}))
     chs = charts(series, selection)
-    files = {docs / "benchmarks.md": benchmarks_md(series, recs, chs, tiers),
+    ready = ready_starts(recs)
+    files = {docs / "benchmarks.md": benchmarks_md(series, recs, chs, tiers, ready),
              docs / "charts" / "speedup.svg": speedup_svg(chs)}
     files |= {docs / "charts" / f"{ch.tier}.svg": chart_svg(ch) for ch in chs}
+    files |= {docs / "charts" / f"{t}-ready.svg": ready_chart.svg(t, rows)
+              for t, rows in ready.items()}
     return files
 
 

@@ -100,12 +100,13 @@ from .proof_probes import (
     tune_models,
     with_acceptance,
 )
+from .proof_ready import ReadySteps
 from .proof_report import acceptance_needed, assemble, attention_lines
 from .proof_tools import ToolSteps
 
 
 @dataclass
-class Runner(ToolSteps):
+class Runner(ToolSteps, ReadySteps):
     plan: Plan
     out: Path
     work: Path
@@ -406,7 +407,8 @@ class Runner(ToolSteps):
         self.results.setdefault("settle", {})[label] = rows[1:]
 
     def _cache_env(self, cache: Path) -> dict[str, str]:
-        return {"VLLM_CACHE_ROOT": f"{cache}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+        return {"INFERENCE_CACHE": str(cache),
+                "VLLM_CACHE_ROOT": f"{cache}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
                 "TRITON_CACHE_DIR": f"{cache}/triton", "TMPDIR": f"{cache}/tmp"}
 
     def step_vanilla(self, step: Step) -> None:
@@ -724,7 +726,7 @@ STEPS: dict[str, Callable[[Runner, Step], None]] = {
     "layout": lambda r, s: r.step_layout(s), "served": lambda r, s: r.step_served(s),
     "trace": lambda r, s: r.step_trace(s), "stacks": lambda r, s: r.step_stacks(s),
     "choose": lambda r, s: r.step_choose(s), "cannot_start": lambda r, s: r.step_cannot_start(s),
-    "assemble": lambda r, s: r.step_assemble(s),
+    "ready": lambda r, s: r.step_ready(s), "assemble": lambda r, s: r.step_assemble(s),
 }
 
 # What tests and scripts read as proof.X: the names of the modules the proof is split into.

@@ -25,6 +25,7 @@ from .proof_plan import (
     FP8_STANDIN,
     FP8_TABLES,
     KINDS,
+    READY_STARTS,
     SAMPLING_SOURCES,
     Plan,
     ProofError,
@@ -71,6 +72,13 @@ def _cpus(s: str) -> list[int]:
     if not cpus or min(cpus) < 0:
         raise argparse.ArgumentTypeError(f"{s!r}: give CPU numbers, e.g. 14,15 or 12-15")
     return sorted(set(cpus))
+
+
+def _starts(s: str) -> list[str]:
+    starts = [x for x in s.split(",") if x]
+    if not starts or any(x not in READY_STARTS for x in starts):
+        raise argparse.ArgumentTypeError(f"{s!r}: give some of {','.join(READY_STARTS)}")
+    return starts
 
 
 def _rates_arg(s: str) -> str:
@@ -159,7 +167,9 @@ def cmd_step(args: argparse.Namespace) -> int:
                 prompt_tokens=args.first_token_prompt,
                 first_token_prefix=args.first_token_prefix, fp8_scales=args.fp8_scales or "",
                 client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "",
-                sampling=args.sampling)
+                sampling=args.sampling, starts=tuple(args.starts or ()), vanilla=args.vanilla,
+                image_paths=args.image_paths, bundle=args.bundle or "",
+                import_profile=args.import_profile)
     if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
@@ -168,7 +178,7 @@ def cmd_step(args: argparse.Namespace) -> int:
               "step serves the render's first instance on its own GPUs); drop it",
               file=sys.stderr)
         return 2
-    if step.kind == "vanilla":
+    if step.kind == "vanilla" or (step.kind == "ready" and step.vanilla):
         # the plan's rule (vanilla_step), on --gpus of the tier's GPUs where given
         try:
             std = vanilla_step(resolve(args.tier), args.gpus or 0)
@@ -181,7 +191,7 @@ def cmd_step(args: argparse.Namespace) -> int:
     return _start(args, plan)
 
 
-MEASURED = ("runs", "trace", "tune", "gemm", "attention")  # what a machine's proof.json may hold
+MEASURED = ("runs", "trace", "tune", "gemm", "attention", "ready")  # what a machine's proof.json may hold
 
 
 def record(run: int, date: str, note: str, machines: list[str],
@@ -207,7 +217,7 @@ def record(run: int, date: str, note: str, machines: list[str],
             raise ProofError(f"--machine {name}={path}: not a proof.json ({exc})") from None
         # a machine may hold traces or a tune only: measured all the same
         if not isinstance(doc, dict) or not any(doc.get(k) for k in MEASURED):
-            raise ProofError(f"--machine {name}={path}: no bench rows, trace, tune, GEMM or "
+            raise ProofError(f"--machine {name}={path}: no bench rows, ready times, trace, tune, GEMM or "
                              "attention timings: not what a proof step writes, or every step of it failed")
         own = doc.get("tier")
         if own and given and own != given:
@@ -348,5 +358,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", action="append", default=[], type=_scenario,
                    help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}; "
                    "NAME:C1,C2 runs it at its own concurrencies instead of --step-concurrency's")
+    p.add_argument("--starts", type=_starts, metavar="cold,warm,bundle",
+                   help="ready: the starts to time, in order (default all three)")
+    p.add_argument("--vanilla", action="store_true",
+                   help="ready: time vanilla `vllm serve` instead of the render")
+    p.add_argument("--image-paths", action="store_true",
+                   help="ready: serve from the image's own paths (vLLM venv, models, caches), "
+                   "so that the bundle it packs loads on an image")
+    p.add_argument("--bundle", metavar="FILE",
+                   help="ready: the bundle start restores this warm-cache bundle (made on "
+                   "another machine) instead of packing this one's cache")
+    p.add_argument("--import-profile", action="store_true",
+                   help="ready: also time `import` of vLLM's API server (python -X importtime)")
     p.set_defaults(func=cmd_step)
 

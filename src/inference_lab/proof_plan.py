@@ -19,14 +19,18 @@ from inference_image.profiles import (
 from inference_image.schema import bad_scenario_spec
 
 StepKind = Literal["info", "bandwidth", "gemm", "attention", "tune", "models", "vanilla", "profile",
-                   "layout", "served", "trace", "stacks", "choose", "cannot_start", "assemble"]
+                   "layout", "served", "trace", "stacks", "choose", "cannot_start", "ready",
+                   "assemble"]
 KINDS: tuple[str, ...] = get_args(StepKind)
 # the steps that start one server and drive it with their own clients (Step.client_cpus)
 PINNABLE = ("vanilla", "profile", "trace", "stacks")
 # cached tokens the `attention` step times the route at (up to the profile's max_model_len)
 ATTENTION_CONTEXTS = (256, 512, 1024, 2048, 3072, 4096, 8192, 16384)
 # the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
-RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start")
+RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start", "ready")
+# the starts a `ready` step times: an empty cache, the cache the last start left, a warm-cache
+# bundle installed into an emptied cache
+READY_STARTS = ("cold", "warm", "bundle")
 # The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();
 # the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
 # names together).
@@ -61,6 +65,11 @@ def step_problem(step: Step) -> str | None:
                 f"{step.prompt_tokens}-token prompt to read; make it shorter than the prompt")
     if step.sampling not in SAMPLING_SOURCES:
         return f"sampling: {step.sampling!r} is not one of {', '.join(SAMPLING_SOURCES)}"
+    if bad := [x for x in step.starts if x not in READY_STARTS]:
+        return f"starts: {bad[0]!r} is not one of {', '.join(READY_STARTS)}"
+    if (step.starts or step.vanilla or step.image_paths or step.bundle or step.import_profile) \
+            and step.kind != "ready":
+        return "starts, vanilla, image_paths, bundle, import_profile: ready steps only"
     if step.fp8_table and step.kind not in RENDERED:
         return (f"fp8_table: only {', '.join(RENDERED)} steps serve the profile's FP8 table; "
                 "drop it from this step")
@@ -159,6 +168,14 @@ class Step:
     # vLLM's own (temperature 1, no top-p or top-k): the stand-ins' config, as the older
     # records' rows sampled
     sampling: str = "checkpoint"
+    # ready: the starts timed, in order (cold, warm, bundle; default all three), vanilla `vllm
+    # serve` instead of the render, the render from the image's own paths (a bundle an image can
+    # load), a bundle file to restore instead of packing this machine's, and an import profile
+    starts: tuple[str, ...] = ()
+    vanilla: bool = False
+    image_paths: bool = False
+    bundle: str = ""
+    import_profile: bool = False
 
     def name(self) -> str:
         return self.label or self.kind
@@ -202,7 +219,12 @@ class Plan:
                               fp8_scales=str(s.get("fp8_scales", "")),
                               client_cpus=tuple(s.get("client_cpus", ())),
                               fp8_table=str(s.get("fp8_table", "")),
-                              args=tuple(s.get("args", ()))))
+                              args=tuple(s.get("args", ())),
+                              starts=tuple(s.get("starts", ())),
+                              vanilla=bool(s.get("vanilla", False)),
+                              image_paths=bool(s.get("image_paths", False)),
+                              bundle=str(s.get("bundle", "")),
+                              import_profile=bool(s.get("import_profile", False))))
             if why := step_problem(steps[-1]):
                 raise ProofError(f"plan step {i}: {why}")
         return cls(tier=d.get("tier", "h100"),

@@ -104,6 +104,23 @@ def acceptance_lines(needed: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def ready_lines(res: dict[str, Any]) -> list[str]:
+    """Each `ready` step's starts: where the time to the first answer went, phase by phase."""
+    out = []
+    for label, rec in res.get("ready", {}).items():
+        for state in rec.get("order", []):
+            e = rec.get("starts", {}).get(state, {})
+            if "answered_s" not in e:
+                continue
+            phases = ", ".join(f"{name} {sec:.1f}" for name, sec in e.get("phases", []))
+            out.append(f"start {label} {state}: first answer after {e['answered_s']:.1f} s "
+                       f"({phases})")
+        if b := rec.get("bundle"):
+            out.append(f"bundle {label}: {b['files']} files, {b['cache_mib']} MiB of cache, "
+                       f"{b['mib']} MiB packed")
+    return out
+
+
 def assemble(res: dict[str, Any], r: Resolved) -> str:
     """The summary table (printed last: what the device reply shows), with each config's ratio
     to vanilla, acceptance, the c=1 share of the memory roofline, and the acceptance each of
@@ -189,6 +206,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
                      f"mean {x['ttft_ms_mean']:.1f} p99 {x['ttft_ms_p99']:.1f} ms")
     for cfg, s in res.get("ready_s", {}).items():
         lines.append(f"ready {cfg}: {s['s']} s ({s['compile_cache']} compile cache)")
+    lines += ready_lines(res)
     for cfg, checks in res.get("sampling_checks", {}).items():
         answered = [c["name"] for c in checks if c["ok"]]
         others = "; ".join(f"{c['name']} {'refused' if c.get('refused') else 'FAILED'}: "
