@@ -55,8 +55,10 @@ molecule-image: setup ## the Debian 12 systemd container image molecule runs (fr
 molecule-inputs: molecule-image ## the cpu render and the air-gapped wheelhouses the molecule scenario installs
 	$(BIN)/inference-image render --profile cpu --out build/cpu
 	scripts/fetch-wheels build/cpu
+	$(BIN)/python scripts/make-test-bundle build/warm-cache-test.tar.gz
 
 MOLECULE_CPU := cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/cpu \
+	  INFERENCE_WARM_CACHE=$(CURDIR)/build/warm-cache-test.tar.gz \
 	  INFERENCE_WHEELS=$(CURDIR)/build/wheels $(CURDIR)/$(BIN)/molecule
 
 molecule: molecule-inputs ## converge + idempotence + image_tests in a Debian 12 systemd container (cpu tier)
@@ -95,7 +97,7 @@ soak-host: setup ## MINUTES of load on HOST=host[:port] built as GPU=<tier> (its
 	$(BIN)/inference-image soak --host $(HOST) --profile $(GPU) --minutes $(MINUTES) --out build/soak/$(GPU).json
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
-	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/multinode-proof scripts/junit-failures
+	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/multinode-proof scripts/junit-failures scripts/make-test-bundle
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \

@@ -3,6 +3,7 @@ healthy, ports bound where they should be, model cache present, compile cache wr
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -147,6 +148,29 @@ def test_compile_cache_writable_by_the_service(root: Any, profile: dict[str, Any
     for sub in ("vllm", "inductor", "tmp"):
         r = root.run(f"runuser -u {user} -- test -w {cache}/{sub}")
         assert r.rc == 0, f"{cache}/{sub} is not writable by {user}"
+
+
+@pytest.mark.serving
+def test_every_start_checked_the_warm_cache_and_said_what_it_found(
+        root: Any, profile: dict[str, Any]) -> None:
+    """inference-run checks a warm-cache bundle before each start (one journal line). A bundle the
+    build installed is either kept (the line says it matches) or gone, with why in the journal and
+    in warm-cache.rejected.json: the molecule build installs one keyed for another machine."""
+    cache = profile["paths"]["cache"]
+    said = ""
+    for inst in profile["instances"]:
+        r = root.run(f"journalctl -u vllm@{inst['name']}.service --no-pager -o cat")
+        lines = [x for x in r.stdout.splitlines() if x.startswith("inference-startup: ")]
+        assert lines, f"vllm@{inst['name']} started without the warm-cache check"
+        said += "\n".join(lines)
+    installed, rejected = root.file(f"{cache}/warm-cache.json"), root.file(
+        f"{cache}/warm-cache.rejected.json")
+    if installed.exists:
+        assert "matches this machine" in said, said
+    if rejected.exists:
+        doc = json.loads(rejected.content_string)
+        assert doc["state"] in ("stale", "corrupt") and doc["why"] in said, (doc, said)
+        assert not installed.exists
 
 
 def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:

@@ -48,9 +48,13 @@ def test_a_bundle_installed_on_a_machine_of_its_key_is_kept_and_vllm_finds_its_f
                                   "vllm/startup_plan/startup_plan_1.json",
                                   "vllm/torch_compile_cache/abc/rank_0_0/backbone/graph.bin"]
     cache = tmp_path / "cache"
+    (cache / "vllm").mkdir(parents=True)
+    (cache / "vllm").chmod(0o750)  # as the build makes it
+    (cache / "vllm" / "old").write_text("a cache of before")
     startup.install(bundle, cache)
     assert (cache / "vllm/torch_compile_cache/abc/rank_0_0/backbone/graph.bin").read_bytes() == \
         b"g" * 5000
+    assert (cache / "vllm").stat().st_mode & 0o777 == 0o750 and not (cache / "vllm/old").exists()
     state, line = startup.check(cache, key())
     assert state == "bundle" and "matches this machine (NVIDIA H200, vLLM 0.26.0): 4 files" in line
     # a restart: the digests were read once, the sizes are checked again
@@ -73,11 +77,16 @@ def test_a_bundle_of_another_machine_is_removed_with_why_and_the_start_compiles(
     assert state == "stale"
     assert f"{field} is {here!r} here, {key()[field]!r} in the bundle" in line
     assert line.endswith("The instance compiles as on a fresh machine")
-    assert not any((cache / p).exists() for p in startup.CACHE_PARTS)
+    # what the bundle put there is gone; the folders the build made stay, for the start to fill
+    assert not any(any((cache / p).iterdir()) for p in startup.CACHE_PARTS if (cache / p).is_dir())
     assert not (cache / startup.MANIFEST).exists()
     # the next start (the instance's own cache now) says so, and why the bundle went
     state, line = startup.check(cache, key(**{field: here}))
     assert state == "none" and "the last was not used" in line and field in line
+    # a build run again does not install what a start here refused
+    again = startup.install(bundle, cache)
+    assert again.get("already") and field in again["rejected"]
+    assert not (cache / startup.MANIFEST).exists()
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "missing", "manifest"])

@@ -323,10 +323,16 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
         raise BundleError(f"{bundle}: not a file")
     cache.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError, ValueError, BundleError, tarfile.TarError, EOFError):
-        have = _checked_manifest(json.loads((cache / MANIFEST).read_text()), str(cache))
         with tarfile.open(bundle, "r:gz") as tar:
             want = read_bundle_manifest(tar, bundle)
-        if have["files"] == want["files"] and have["key"] == want["key"]:
+        # installed already, or refused by a start on this machine: installing it again would
+        # only be refused again (and a build run twice would not be idempotent)
+        rejected = json.loads((cache / REJECTED).read_text()) if (cache / REJECTED).exists() \
+            else {}
+        if rejected.get("bundle") == bundle_id(want):
+            return {**want, "already": True, "rejected": rejected.get("why", "")}
+        have = _checked_manifest(json.loads((cache / MANIFEST).read_text()), str(cache))
+        if bundle_id(have) == bundle_id(want):
             return {**want, "already": True}
     stage = Path(cache, f".warm-cache-new.{os.getpid()}")
     shutil.rmtree(stage, ignore_errors=True)
@@ -371,9 +377,14 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
             raise BundleError(f"{bundle}: {len(missing)} file(s) of its manifest are missing, "
                               f"e.g. {sorted(missing)[0]}")
         for part in CACHE_PARTS:
-            shutil.rmtree(cache / part, ignore_errors=True)
+            _empty(cache / part)
             if (stage / part).exists():
-                (stage / part).rename(cache / part)
+                if (cache / part).is_dir():
+                    # into the folder the build made (its owner and mode stay), not over it
+                    for child in (stage / part).iterdir():
+                        child.rename(cache / part / child.name)
+                else:
+                    (stage / part).rename(cache / part)
         _write_json(cache / MANIFEST, {**manifest, "installed": _now()})
         (cache / REJECTED).unlink(missing_ok=True)
         if ids:
@@ -383,6 +394,21 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return manifest
+
+
+def _empty(folder: Path) -> None:
+    """Remove what `folder` holds and keep the folder (its owner and mode are the build's)."""
+    if folder.is_symlink() or folder.is_file():
+        folder.unlink()
+        return
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
 
 
 def _chown_tree(p: Path, ids: tuple[int, int]) -> None:
@@ -430,20 +456,22 @@ def check(cache: Path, key: dict[str, str]) -> tuple[str, str]:
         try:
             manifest = _checked_manifest(json.loads(path.read_text()), str(path))
         except (OSError, ValueError, BundleError) as exc:
-            return _reject(cache, "corrupt", f"its manifest cannot be read: {exc}")
+            return _reject(cache, "corrupt", f"its manifest cannot be read: {exc}", "")
         if diffs := key_differences(manifest["key"], key):
-            return _reject(cache, "stale", "; ".join(diffs))
+            return _reject(cache, "stale", "; ".join(diffs), bundle_id(manifest))
         full = manifest.get("verified_for") != _key_digest(key)
         for rel, (size, digest) in manifest["files"].items():
             p = cache / rel
             try:
                 st = p.lstat()
             except OSError:
-                return _reject(cache, "corrupt", f"{rel} is missing")
+                return _reject(cache, "corrupt", f"{rel} is missing", bundle_id(manifest))
             if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-                return _reject(cache, "corrupt", f"{rel} is not the {size}-byte file it was")
+                return _reject(cache, "corrupt", f"{rel} is not the {size}-byte file it was",
+                               bundle_id(manifest))
             if full and _digest(p) != digest:
-                return _reject(cache, "corrupt", f"{rel} does not match its digest")
+                return _reject(cache, "corrupt", f"{rel} does not match its digest",
+                               bundle_id(manifest))
         if full:
             _write_json(path, {**manifest, "verified_for": _key_digest(key)})
         n = len(manifest["files"])
@@ -452,18 +480,25 @@ def check(cache: Path, key: dict[str, str]) -> tuple[str, str]:
                           f"{manifest.get('bytes', 0) / 2**20:.0f} MiB")
 
 
+def bundle_id(manifest: dict[str, Any]) -> str:
+    """What names one bundle: its key and its files."""
+    return hashlib.sha256(json.dumps([manifest.get("key"), manifest.get("files")],
+                                     sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _key_digest(key: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _reject(cache: Path, state: str, why: str) -> tuple[str, str]:
+def _reject(cache: Path, state: str, why: str, bundle: str) -> tuple[str, str]:
     """Remove what a bundle installed (its parts may be half right) and say why, once."""
     for part in CACHE_PARTS:
-        shutil.rmtree(cache / part, ignore_errors=True)
+        _empty(cache / part)
     with contextlib.suppress(OSError):
         (cache / MANIFEST).unlink()
     with contextlib.suppress(OSError):
-        _write_json(cache / REJECTED, {"state": state, "why": why, "at": _now()})
+        _write_json(cache / REJECTED, {"state": state, "why": why, "at": _now(),
+                                       "bundle": bundle})
     return state, (f"warm-cache bundle not used ({state}): {why}. The instance compiles as "
                    "on a fresh machine")
 
@@ -674,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "install":
             m = install(args.bundle, args.cache, args.owner)
             done = "already installed" if m.get("already") else "installed"
+            if m.get("rejected"):
+                done += f" (a start here did not use it: {m['rejected']})"
             print(f"inference-startup: {done}: {len(m['files'])} files in {args.cache} "
                   f"(made {m.get('made', '?')} for {m['key'].get('gpu', '?')})")
         elif args.cmd == "show":
