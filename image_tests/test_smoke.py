@@ -173,6 +173,22 @@ def test_every_start_checked_the_warm_cache_and_said_what_it_found(
         assert not installed.exists
 
 
+@pytest.mark.serving
+def test_every_instance_says_when_it_became_ready_and_where_its_start_went(
+        root: Any, profile: dict[str, Any]) -> None:
+    """Each start, once it answers, logs its phases and records them in endpoint.json
+    (vllm@'s ExecStartPost: inference-startup ready)."""
+    endpoint = json.loads(root.file(profile["paths"]["endpoint"]).content_string)
+    for inst in profile["instances"]:
+        rep = (endpoint.get("ready") or {}).get(inst["name"])
+        assert rep and rep["s"] > 0 and rep["phases"], (inst["name"], endpoint)
+        # the phases, read from vLLM's log, add up to the time to ready
+        assert rep["phases"][-1][0] == "health", rep
+        assert abs(sum(sec for _, sec in rep["phases"]) - rep["s"]) < 0.5, rep
+        r = root.run(f"journalctl -u vllm@{inst['name']}.service --no-pager -o cat")
+        assert f"inference-startup: {inst['name']}: ready after " in r.stdout
+
+
 def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
     # Installed on every tier, inert unless a unit sets INFERENCE_IMAGE_FP8_DISPATCH=1.
     py = f"{profile['paths']['vllm_venv']}/bin/python"

@@ -884,6 +884,9 @@ def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> Non
 
 # The HTTP side every stand-in server script shares: a JSON reply, no access log.
 STANDIN_HTTP = r'''import http.server, json, os, sys
+if len(sys.argv) > 1 and sys.argv[1].endswith(("/inference-startup", ".py")):
+    # given a script (inference-run's warm-cache check, the lab's key probe), a stand-in is Python
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 class JSONHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
@@ -1604,7 +1607,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                        (["--machine", f"h@h100={h200}"], r"holds tier h200's steps. Fix: write h="),
                        (["--machine", f"a={a}", "--machine", f"a={b}"], "a: named twice"),
                        (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*: not a proof.json"),
-                       (["--machine", f"x={bad}"], "no bench rows, trace, tune"),
+                       (["--machine", f"x={bad}"], "no bench rows, ready times, trace, tune"),
                        ([], "no --machine given"),
                        (["--machine", f"a={a}", "--note", " "], "--note is empty"),
                        (["--machine", f"a={a}", "--title", " "], "--title is empty")):
@@ -1863,11 +1866,8 @@ def test_the_step_registry_runs_every_kind_a_plan_may_name() -> None:
 STANDIN_COMPILING_VLLM = r'''#!/usr/bin/env python3
 """Stands in for vLLM's start as the `ready` step times it: the log lines that mark its moments,
 and a compile that only a start without a compiled cache under $VLLM_CACHE_ROOT pays (it writes
-one; a later start says it loaded it). Without --port it is Python (inference-run's startup
-check, the lab's key probe)."""
+one; a later start says it loaded it)."""
 ''' + STANDIN_HTTP + r'''import pathlib, time
-if "--port" not in sys.argv:
-    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 port = int(sys.argv[sys.argv.index("--port") + 1])
 cache = pathlib.Path(os.environ["VLLM_CACHE_ROOT"]) / "torch_compile_cache" / "abc" / "model.bin"
 print("(APIServer pid=1) INFO vLLM API server version 0.0", flush=True)

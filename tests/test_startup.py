@@ -240,3 +240,26 @@ def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_dig
         assert resolve("h100", overrides=[f"{path}={str(default).lower()}"]).digest == before
     assert resolve("h100", overrides=["serving.engine_process=fork"]).digest != before
     assert resolve("h100", overrides=["serving.page_cache_prefetch=true"]).digest != before
+
+
+def test_a_start_that_became_ready_is_recorded_in_endpoint_json_beside_what_firstboot_wrote(
+        tmp_path: Path) -> None:
+    endpoint = tmp_path / "endpoint.json"
+    endpoint.write_text(json.dumps({"url": "https://10.0.0.2:8000", "model": "m"}))
+    report = startup.ready_report(JOURNAL, 100.0, 161.6)
+    assert report["s"] == 61.6 and report["phases"][0] == ["api_imports", 18.5]
+    assert report["phases"][-1] == ["health", 0.6]
+    assert report["warm_cache"] == "no warm-cache bundle"
+    startup.record_ready(endpoint, "vllm-0", report)
+    startup.record_ready(endpoint, "vllm-1", {**report, "s": 70.0})
+    doc = json.loads(endpoint.read_text())
+    assert doc["url"] == "https://10.0.0.2:8000" and set(doc["ready"]) == {"vllm-0", "vllm-1"}
+    assert doc["ready"]["vllm-1"]["s"] == 70.0 and endpoint.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_banner_says_what_a_start_is_doing() -> None:
+    lines = JOURNAL.splitlines()
+    assert startup.doing("", 100.0, 103.0) == "importing Python, 3 s into its start"
+    assert startup.doing("\n".join(lines[:4]), 100.0, 150.0) == \
+        "compiling (torch.compile), 50 s into its start"
+    assert startup.doing(JOURNAL, 100.0, 161.0).startswith("answering its health check")

@@ -19,6 +19,8 @@ compiles as on a fresh machine. A check never fails a start.
     inference-startup install B.tar.gz --cache DIR [--owner USER]
     inference-startup check --cache DIR [--profile-json F]          one line; exit 0 whatever it finds
     inference-startup prefetch                                      the venv and models into the page cache
+    inference-startup ready INSTANCE --endpoint F                   a start's phases, once it serves
+    inference-startup status INSTANCE                               what a start is doing now
     inference-startup phases [--since-monotonic S] < LOG            a start's phases (JSON)
 """
 
@@ -669,6 +671,94 @@ def journal_lines(text: str, since: float) -> list[tuple[float, str]]:
     return out
 
 
+# ---- a start that became ready, on the machine -------------------------------------------------
+
+def _systemctl_show(unit: str) -> dict[str, str]:
+    out = subprocess.run(["systemctl", "show", unit, "-p", "InvocationID",
+                          "-p", "ExecMainStartTimestampMonotonic"],
+                         capture_output=True, text=True, timeout=30, check=False).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _monotonic_now() -> float:
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def ready_report(journal: str, start_s: float, now_s: float) -> dict[str, Any]:
+    """A start that just became ready: when, how long since its process started,
+    its phases from its journal (`journalctl -o short-monotonic` of this invocation)."""
+    a = anatomy(journal_lines(journal, start_s), ready_s=now_s - start_s)
+    return {"at": _now(), "s": round(now_s - start_s, 1), "phases": a["phases"],
+            "warm_cache": a["said"].get("warm_cache", "").removeprefix("inference-startup: ")}
+
+
+def record_ready(endpoint: Path, instance: str, report: dict[str, Any]) -> None:
+    """Add the instance's ready report to the machine's endpoint.json (one writer at a time)."""
+    with open(endpoint.with_name(endpoint.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            doc = json.loads(endpoint.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if not isinstance(doc, dict):
+            doc = {}
+        ready = doc.get("ready") if isinstance(doc.get("ready"), dict) else {}
+        doc["ready"] = {**ready, instance: report}
+        tmp = endpoint.with_name(f".{endpoint.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(doc) + "\n")
+        tmp.chmod(0o644)
+        tmp.replace(endpoint)
+
+
+# what a start is doing once it has passed each moment (the login banner says it)
+DOING = {"": "importing Python", "api_imported": "configuring the engine",
+         "engine_started": "loading the weights", "weights_loaded": "compiling (torch.compile)",
+         "compiled": "sizing the KV cache", "kv_profiled": "capturing CUDA graphs",
+         "graphs_captured": "warming up", "engine_ready": "starting the API",
+         "api_ready": "answering its health check"}
+
+
+def _invocation(instance: str) -> tuple[float, str] | None:
+    show = _systemctl_show(f"vllm@{instance}.service")
+    start = int(show.get("ExecMainStartTimestampMonotonic") or 0) / 1e6
+    inv = show.get("InvocationID", "")
+    return (start, inv) if start and re.fullmatch(r"[0-9a-f]{32}", inv) else None
+
+
+def _journal(inv: str) -> str:
+    return subprocess.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={inv}", "-o",
+                           "short-monotonic", "--no-pager"], capture_output=True, text=True,
+                          timeout=60, check=False).stdout
+
+
+def doing(journal: str, start_s: float, now_s: float) -> str:
+    """What a start is doing now, and for how long it has been starting."""
+    moments = anatomy(journal_lines(journal, start_s))["moments"]
+    last = max(moments, key=moments.__getitem__) if moments else ""
+    return f"{DOING.get(last, 'starting')}, {now_s - start_s:.0f} s into its start"
+
+
+def status(instance: str) -> str:
+    found = _invocation(instance)
+    if found is None:
+        return "not started"
+    start, inv = found
+    return doing(_journal(inv), start, _monotonic_now())
+
+
+def ready(instance: str, endpoint: Path) -> str:
+    """Run by a vLLM unit once it answers (ExecStartPost, as root): log the start's phases to the
+    journal and record them in endpoint.json. One line, whatever it finds."""
+    found = _invocation(instance)
+    if found is None:
+        return f"{instance}: ready (no start time or invocation from systemd)"
+    start, inv = found
+    report = ready_report(_journal(inv), start, _monotonic_now())
+    record_ready(endpoint, instance, report)
+    phases = ", ".join(f"{n} {sec:.1f}" for n, sec in report["phases"])
+    return f"{instance}: ready after {report['s']} s ({phases})"
+
+
 # ---- command line ----------------------------------------------------------------------------
 
 def _key_args(p: argparse.ArgumentParser) -> None:
@@ -695,6 +785,12 @@ def main(argv: list[str] | None = None) -> int:
     _key_args(p)
     sub.add_parser("prefetch", help="read what a start will read into the page cache (the vLLM "
                    "venv, then MODEL_PATH and DRAFT_PATH)")
+    p = sub.add_parser("ready", help="a vLLM unit's start that just became ready: its phases to "
+                       "the journal and the machine's endpoint.json (ExecStartPost)")
+    p.add_argument("instance")
+    p.add_argument("--endpoint", type=Path, required=True)
+    p = sub.add_parser("status", help="what a vLLM unit's start is doing now (the login banner)")
+    p.add_argument("instance")
     p = sub.add_parser("phases", help="a start's phases from `journalctl -o short-monotonic`")
     p.add_argument("--since-monotonic", type=float, default=0.0)
     p.add_argument("--ready-s", type=float)
@@ -731,6 +827,17 @@ def main(argv: list[str] | None = None) -> int:
             n, total = prefetch(*prefetch_roots())
             print(f"inference-startup: asked for {n} files, {total / 2**30:.1f} GiB, in "
                   f"{time.monotonic() - t0:.1f} s")
+        elif args.cmd == "ready":
+            try:
+                line = ready(args.instance, args.endpoint)
+            except Exception as exc:  # a report never fails a start
+                line = f"{args.instance}: ready; no report ({type(exc).__name__}: {exc})"
+            print(f"inference-startup: {line}", flush=True)
+        elif args.cmd == "status":
+            try:
+                print(status(args.instance))
+            except (OSError, subprocess.SubprocessError):
+                print("starting")
         elif args.cmd == "phases":
             lines = journal_lines(sys.stdin.read(), args.since_monotonic)
             print(json.dumps(anatomy(lines, args.ready_s)))
