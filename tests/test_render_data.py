@@ -147,9 +147,12 @@ def assert_data_only(out: dict[str, str], value: str, tier: str) -> None:
                         json.loads(m[2].replace("$${", "${").replace("%%{", "%{"))
                         assert not re.search(r"(?<!\$)\$\{|(?<!%)%\{", m[2]), line
         elif path.startswith(("usr/local/", "etc/update-motd.d/")):
-            syntax = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True,
-                                    check=False)
-            assert syntax.returncode == 0, f"{path}: {syntax.stderr}"
+            if text.startswith("#!/usr/bin/env python3"):  # inference-startup, copied as it is
+                compile(text, path, "exec")
+            else:
+                syntax = subprocess.run(["bash", "-n"], input=text, capture_output=True,
+                                        text=True, check=False)
+                assert syntax.returncode == 0, f"{path}: {syntax.stderr}"
         if path.endswith((".args", ".env")):
             # one argument / one variable a line, expanded by inference-run: no line may grow
             assert "\n" not in value or value not in text, f"{path}: a value split over lines"
