@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,44 @@ def test_every_flag_the_render_writes_is_one_extra_args_may_not_repeat(sets: lis
     for flag in written:
         problems = extra_args_problems([flag, "1"])
         assert problems and problems[0][0] == 0, f"extra_args {flag} is not refused"
+
+
+@pytest.mark.parametrize(("setting", "why"), [
+    ("router.rate_limit_rps=true", "a boolean where a number belongs"),
+    ("router.rate_limit_rps=1:00", "not a plain decimal number"),  # YAML 1.1: 60
+    ("router.rate_limit_rps=017", "not a plain decimal number"),   # YAML 1.1: octal 15
+    ("serving.max_num_seqs=0x10", "not a plain decimal number"),
+    ("serving.max_num_seqs=" + "9" * 40, "not a plain decimal number"),
+    ("serving.flash_attention_3=yes", "not true or false"),        # YAML 1.1: true
+    ("serving.flash_attention_3=1", "not true or false"),
+    ("serving.gpu_memory_utilization=.inf", "not a plain decimal number"),
+])
+def test_numbers_and_booleans_are_read_as_written_never_as_yaml_1_1_guesses(
+        setting: str, why: str) -> None:
+    with pytest.raises(ProfileErrors) as exc:
+        resolve("h100", overrides=[setting])
+    field = setting.split("=")[0]
+    assert f"{field}: bad value" in str(exc.value) and why in str(exc.value)
+
+
+def test_a_profile_file_reads_yaml_scalars_by_the_core_schema(tmp_path: Path) -> None:
+    from inference_image.profiles import bounded_yaml
+    got = bounded_yaml("a: true\nb: yes\nc: 017\nd: 1:00\ne: 0x10\nf: 1.5\ng: 1e3\nh: ~\n"
+                       "i: 2026-11-29\nj: .inf\nk: -12\nl: on\nm: 5.\n")
+    assert got == {"a": True, "b": "yes", "c": "017", "d": "1:00", "e": "0x10", "f": 1.5,
+                   "g": 1000.0, "h": None, "i": "2026-11-29", "j": ".inf", "k": -12, "l": "on",
+                   "m": 5.0}
+    # in a file, as on the command line: the field and the fix, no guess
+    pdir = tmp_path / "profiles"
+    shutil.copytree(ROOT / "profiles", pdir)
+    edit(pdir / "h100.yaml", "  max_num_seqs: 96", "  max_num_seqs: 0140")
+    with pytest.raises(ProfileErrors, match=r"serving.max_num_seqs: bad value \"0140\""):
+        resolve("h100", pdir)
+
+
+def test_a_fleet_of_1_00_workers_is_refused_not_read_as_60(tmp_path: Path) -> None:
+    from inference_image import fleet
+    f = tmp_path / "fleet.yaml"
+    f.write_text("name: f\ntier: h100\nworkers: 1:00\nsnapshot: 123\n")
+    with pytest.raises(ProfileErrors, match="workers: bad value \"1:00\""):
+        fleet.load(f)

@@ -286,7 +286,11 @@ class _DuplicateKey(yaml.YAMLError):
 class _BoundedLoader(yaml.SafeLoader):
     """safe_load with a cap on aliases: an anchor bomb (aliases of aliases) expands
     exponentially in whatever walks the result. A key given twice in one mapping is an error
-    (YAML would keep the last silently)."""
+    (YAML would keep the last silently). Plain scalars are read as YAML 1.2's core schema reads
+    them, not 1.1's: a boolean is `true` or `false`, a number is decimal (`017` is no octal 15,
+    `1:00` no sexagesimal 60, `yes` and `on` are words), an integer has at most 18 digits, a
+    float is finite; no timestamps. Anything else is a string, for the schema to refuse where it
+    wants a number (STRICT_SCALARS)."""
 
     aliases = 0
 
@@ -305,6 +309,26 @@ class _BoundedLoader(yaml.SafeLoader):
             if self.aliases > MAX_ALIASES:
                 raise _TooComplex(f"more than {MAX_ALIASES} YAML aliases")
         return super().compose_node(parent, index)
+
+
+# YAML 1.2 core schema's plain scalars (bool, int, float, null), stricter where YAML 1.1 reads a
+# value a user would not mean: the resolvers _BoundedLoader uses, first matching wins
+STRICT_SCALARS = (
+    ("tag:yaml.org,2002:bool", r"^(?:true|false)$", "tf"),
+    ("tag:yaml.org,2002:int", r"^[-+]?(?:0|[1-9][0-9]{0,17})$", "-+0123456789"),
+    ("tag:yaml.org,2002:float",
+     r"^(?=[^.eE]*[.eE])[-+]?(?:(?:0|[1-9][0-9]{0,17})(?:\.[0-9]*)?|\.[0-9]+)"
+     r"(?:[eE][-+]?[0-9]{1,3})?$", "-+.0123456789"),
+    ("tag:yaml.org,2002:null", r"^(?:~|null|)$", ["~", "n", ""]),
+)
+_BoundedLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in STRICT_SCALARS:
+    _BoundedLoader.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
+# the merge key `<<` and `=` keep SafeLoader's meaning
+for _first, _resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():
+    for _tag, _regexp in _resolvers:
+        if _tag in ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"):
+            _BoundedLoader.add_implicit_resolver(_tag, _regexp, [_first])
 
 
 def _check_shape(data: Any) -> None:

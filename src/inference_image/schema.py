@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -13,6 +14,7 @@ from pydantic import (
     Field,
     IPvAnyAddress,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,9 +37,35 @@ HubId = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")]
 
 
+def _wants(annotation: Any) -> tuple[bool, bool]:
+    """Whether a field takes a number (int or float, not also a boolean), and whether it takes
+    only a boolean (or none)."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    args = tuple(a for a in args if a is not type(None))
+    return bool not in args and any(a in (int, float) for a in args), args == (bool,)
+
+
 class Strict(BaseModel):
     # allow_inf_nan: a target or a GPU size of .inf would pass every comparison it meets.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_and_booleans_as_written(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic would read `true` as 1 and "017" as 17 where it wants a number, and 1 as true
+        # where it wants a boolean: the profile loader reads YAML's numbers and booleans as
+        # written (profiles.STRICT_SCALARS), so anything else here is a mistake
+        if not info.field_name or v is None:
+            return v
+        number, boolean = _wants(cls.model_fields[info.field_name].annotation)
+        if number and isinstance(v, bool):
+            raise ValueError("a boolean where a number belongs; write the number")
+        if number and isinstance(v, str):
+            raise ValueError("not a plain decimal number (quoted, a leading zero, another base, "
+                             "a time, or over 18 digits); write it as digits")
+        if boolean and not isinstance(v, bool):
+            raise ValueError("not true or false; write true or false")
+        return v
 
 
 def acceptance_problem(rates: Sequence[float]) -> str | None:
