@@ -197,3 +197,15 @@ def test_the_corpus_leaves_nothing_half_built(tmp_path: Path) -> None:
     refused(cli("render", "--profile", "cpu", "--out", str(out), "--set", "router.bind=::%x"))
     assert not out.exists()
 
+
+
+# ---- the lab's command line -----------------------------------------------------------------
+
+def test_a_lab_plan_for_a_tier_that_does_not_exist_is_one_line() -> None:
+    # a one-line error type no command caught itself ends the command in one line (cli.run)
+    refused(cli("proof", "plan", "--tier", "nosuch"), "unknown tier 'nosuch'", "use one of: cpu")
+
+
+def test_a_client_cpu_range_too_large_to_be_a_machines_is_refused_at_once() -> None:
+    r = cli("proof", "step", "profile", "--client-cpus", "0-100000000")
+    assert r.returncode == 2 and "give CPU numbers 0-4095" in r.stderr

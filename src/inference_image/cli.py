@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import __version__, bench, fleet, soak, verify
+from .inputs import InputError
 from .profiles import (
     ProfileError,
     ProfileErrors,
@@ -17,6 +18,7 @@ from .profiles import (
     resolve,
 )
 from .render import RenderError, render
+from .startup import BundleError
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -158,9 +160,17 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     bench.register, verify.register, soak.register, fleet.register]
 
 
-def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+# The errors that say what is wrong and the fix in a line (a profile's problems, one a line): a
+# command that meets one it did not catch itself ends with it, exit 1, not a traceback.
+ONE_LINE_ERRORS: tuple[type[Exception], ...] = (ProfileErrors, InputError, RenderError,
+                                                BundleError)
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
+        one_line: tuple[type[Exception], ...] = ()) -> int:
     """Parse and run a subcommand: its exit code; 130 on Ctrl-C, 0 when the reader of its output
-    went away (`| head`). The lab's console script runs its commands the same way."""
+    went away (`| head`), 1 with one line on an error of ONE_LINE_ERRORS or `one_line`. The lab's
+    console script runs its commands the same way."""
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
@@ -168,6 +178,9 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         return 130
     except BrokenPipeError:
         return 0
+    except (*ONE_LINE_ERRORS, *one_line) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from inference_image import __version__
 from inference_image.cli import run
 
 from . import ledger, proof_cli
+from .proof_plan import ProofError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser(), argv)
+    return run(build_parser(), argv, (ProofError, ledger.LedgerError))
 
 
 if __name__ == "__main__":

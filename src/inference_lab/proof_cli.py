@@ -60,18 +60,25 @@ def _scenario(s: str) -> str:
     return s
 
 
+MAX_CPUS = 4096  # Linux's CPU numbers on the largest machines it is built for
+
+
 def _cpus(s: str) -> list[int]:
     """An argparse type: CPU numbers as taskset writes them (12,13 or 12-15)."""
-    cpus: list[int] = []
+    cpus: set[int] = set()
     try:
-        for part in s.split(","):
+        for part in s.split(",")[:MAX_CPUS]:
             lo, _, hi = part.partition("-")
-            cpus += range(int(lo), int(hi or lo) + 1)
+            first, last = int(lo), int(hi or lo)
+            if not 0 <= first <= last < MAX_CPUS:  # a range is checked before it is spread
+                raise ValueError
+            cpus.update(range(first, last + 1))
     except ValueError:
-        cpus = []
-    if not cpus or min(cpus) < 0:
-        raise argparse.ArgumentTypeError(f"{s!r}: give CPU numbers, e.g. 14,15 or 12-15")
-    return sorted(set(cpus))
+        cpus = set()
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"{s!r}: give CPU numbers 0-{MAX_CPUS - 1}, e.g. 14,15 "
+                                         "or 12-15")
+    return sorted(cpus)
 
 
 def _starts(s: str) -> list[str]:
