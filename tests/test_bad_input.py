@@ -209,3 +209,19 @@ def test_a_lab_plan_for_a_tier_that_does_not_exist_is_one_line() -> None:
 def test_a_client_cpu_range_too_large_to_be_a_machines_is_refused_at_once() -> None:
     r = cli("proof", "step", "profile", "--client-cpus", "0-100000000")
     assert r.returncode == 2 and "give CPU numbers 0-4095" in r.stderr
+
+
+@pytest.mark.parametrize("date", ["../../x", "2026-13-01", "2026-11-29\n", "29.11.2026"])
+def test_a_record_date_that_is_no_date_is_refused_before_anything_is_written(
+        tmp_path: Path, date: str) -> None:
+    r = cli("proof", "record", "--run", "1", "--title", "t", "--note", "n", "--date", date,
+            "--machine", f"a={tmp_path / 'proof.json'}", cwd=tmp_path)
+    assert r.returncode == 2 and "give a date as YYYY-MM-DD" in r.stderr
+    assert not any(tmp_path.rglob("*.json"))
+
+
+@pytest.mark.parametrize("label", ["x\n", "x\ny", "../x"])
+def test_a_label_is_one_line_of_a_closed_set(label: str) -> None:
+    assert bench.LABEL.match(label) is None
+    r = cli("proof", "step", "profile", "--label", label)
+    assert r.returncode == 2 and "--label" in r.stderr

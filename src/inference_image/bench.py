@@ -547,7 +547,7 @@ def _command(s: str) -> list[str]:
     return argv
 
 
-LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")  # \Z: no line end after it
 
 
 def out_problem(out: str) -> str | None:

@@ -69,7 +69,7 @@ TRUST_FLAGS = {
 }
 # vLLM reads a flag as its long form with '_' for '-' and takes any unambiguous prefix of it
 # (argparse); a value element may hold anything but a control character.
-FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
+FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 
 
 def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:

@@ -81,6 +81,16 @@ def _cpus(s: str) -> list[int]:
     return sorted(cpus)
 
 
+def _date(s: str) -> str:
+    """An argparse type: a calendar date as YYYY-MM-DD, which names a record's file."""
+    try:
+        if time.strftime("%Y-%m-%d", time.strptime(s, "%Y-%m-%d")) == s:
+            return s
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{s!r}: give a date as YYYY-MM-DD, e.g. 2026-11-29")
+
+
 def _starts(s: str) -> list[str]:
     starts = [x for x in s.split(",") if x]
     if not starts or any(x not in READY_STARTS for x in starts):
@@ -306,7 +316,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the tier of a machine whose proof.json names none (older records)")
     p.add_argument("--run", type=int, required=True, help="the run's number in docs/benchmarks.md")
     p.add_argument("--title", required=True, help="one line: what the run measured")
-    p.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    p.add_argument("--date", type=_date, default=time.strftime("%Y-%m-%d"),
+                   help="YYYY-MM-DD (it names the record's file)")
     p.add_argument("--note", required=True,
                    help="what the run holds: machines, renders, steps, what went wrong")
     p.add_argument("--machine", action="append", default=[], metavar="NAME[@TIER]=PATH",

@@ -42,7 +42,7 @@ SAMPLING_SOURCES = ("checkpoint", "vllm")
 TUNED_TABLE = "fp8-table.json"
 
 
-LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # it names files and folders under --work
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")  # names files under --work; \Z: no line end
 
 
 def step_problem(step: Step) -> str | None:
