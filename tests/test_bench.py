@@ -320,3 +320,20 @@ def test_compare_sets_a_row_against_its_own_configuration_only():
     out = bench.compare(both, both)
     ratios = re.findall(r"\| (\d+\.\d+)x \|", out)
     assert ratios and set(ratios) == {"1.00"}, out
+
+
+def test_results_files_hold_finite_json_only(tmp_path) -> None:
+    """vLLM's bench reports NaN where no request of a row finished; a results file says null."""
+    import json as _json
+
+    from inference_lab import proof
+
+    doc = {"runs": [{"ttft_ms_mean": float("nan"), "tok_s": float("inf"), "c": 1}], "x": -1.5}
+    text = bench.results_json(doc)
+    assert _json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text}")) == {
+        "runs": [{"ttft_ms_mean": None, "tok_s": None, "c": 1}], "x": -1.5}
+    runner = proof.Runner(plan=proof.Plan(tier="cpu"), out=tmp_path, work=tmp_path,
+                          model_dir=tmp_path)
+    runner.results = {"runs": {"a": [{"output_tok_s": float("nan")}]}}
+    runner.save()
+    assert "NaN" not in (tmp_path / "proof.json").read_text()

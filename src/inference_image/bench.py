@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -300,11 +301,29 @@ def run(
                     row.update(acceptance(counters, now))
                 rows.append(row)
                 if partial is not None:
-                    partial.write_text(json.dumps({"meta": meta, "runs": rows, "partial": True},
+                    partial.write_text(results_json({"meta": meta, "runs": rows, "partial": True},
                                                   indent=2, sort_keys=True) + "\n")
                 nxt = f"{plan[k + 1][0].name} c={plan[k + 1][1]}" if k + 1 < len(plan) else "done"
                 _progress(len(rows), n_rows, nxt)
     return {"meta": meta, "runs": rows}
+
+
+def finite(doc: Any) -> Any:
+    """`doc` with every NaN or infinity made null: what a results file holds is JSON that every
+    reader parses (Python writes NaN, which JSON has not), and no row says a figure it never
+    measured (vLLM's bench reports NaN latencies for a row where no request finished)."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def results_json(doc: Any, **kw: Any) -> str:
+    """A results document as strict JSON (finite numbers only)."""
+    return json.dumps(finite(doc), allow_nan=False, **kw)
 
 
 class BenchError(Exception):
@@ -647,7 +666,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\nerror: {exc}", file=sys.stderr)  # after the progress bar's line
         return 1
     result["meta"]["profile"] = args.profile
-    (out / f"{args.label}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    (out / f"{args.label}.json").write_text(results_json(result, indent=2, sort_keys=True) + "\n")
     table = markdown(result["runs"])
     (out / f"{args.label}.md").write_text(table)
     pngs = charts(result["runs"], out)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench import positive_int
+from .bench import positive_int, results_json
 from .verify import PROFILE_JSON, VerifyError, parse_target, preflight, remote
 
 GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % above minute 1
@@ -217,7 +217,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out.write_text(results_json(res, indent=2) + "\n")
     print(table(res["per_minute"]))
     print(f"\nresult: {out}")
     for line in res["missed"]:

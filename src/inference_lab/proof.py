@@ -175,7 +175,7 @@ class Runner(ToolSteps, ReadySteps):
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.results, indent=1, sort_keys=True) + "\n"
+        text = bench.results_json(self.results, indent=1, sort_keys=True) + "\n"
         self.doc_path.write_text(text)
         # On the GPU machine the results accumulate in --out across calls while only $OUT comes
         # back, and a call killed at its limit runs no `cp` after the proof: a copy at every save.
