@@ -225,3 +225,19 @@ def test_a_label_is_one_line_of_a_closed_set(label: str) -> None:
     assert bench.LABEL.match(label) is None
     r = cli("proof", "step", "profile", "--label", label)
     assert r.returncode == 2 and "--label" in r.stderr
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000 x", "http://127.0.0.1:8000\r\nX: y",
+                                 "http://127.0.0.1:99999", "ftp://h", "http://", "http://h:0",
+                                 "http://h/?q=1"])
+def test_a_bench_url_that_is_no_base_url_is_refused_before_a_request(url: str) -> None:
+    r = cli("bench", "run", "--url", url, "--model", "m", "--label", "x")
+    assert r.returncode == 2 and "give a base URL" in r.stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:99999", "h:0", "a b", "h;reboot", "podman://a b",
+                                  "-oProxyCommand=x"])
+def test_a_verify_host_that_is_no_host_is_refused(host: str) -> None:
+    from inference_image.verify import VerifyError, parse_target
+    with pytest.raises(VerifyError, match="--host"):
+        parse_target(host, "root")

@@ -308,6 +308,28 @@ def run(
     return {"meta": meta, "runs": rows}
 
 
+def base_url(s: str) -> str:
+    """An argparse type: an http(s) URL with a host and, if given, a port 1-65535, and nothing a
+    request line could carry further (spaces, control characters, a query or fragment)."""
+    from urllib.parse import urlsplit
+
+    why = ""
+    try:
+        u = urlsplit(s)
+        port = u.port  # ValueError past 65535
+    except ValueError:
+        u, port, why = None, None, "a port 1-65535"
+    if not why and (u is None or u.scheme not in ("http", "https") or not u.hostname):
+        why = "http:// or https:// and a host"
+    if not why and (any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in s)
+                    or u.query or u.fragment or u.username or port == 0):
+        why = "no spaces, control characters, user, query or fragment, a port 1-65535"
+    if why:
+        raise argparse.ArgumentTypeError(f"{s!r}: give a base URL ({why}), e.g. "
+                                         "https://127.0.0.1:8000")
+    return s.rstrip("/")
+
+
 def finite(doc: Any) -> Any:
     """`doc` with every NaN or infinity made null: what a results file holds is JSON that every
     reader parses (Python writes NaN, which JSON has not), and no row says a figure it never
@@ -691,7 +713,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bp = sub.add_parser("bench", help="benchmark an endpoint, or compare two results")
     bsub = bp.add_subparsers(dest="bench_cmd", required=True, metavar="ACTION")
     rp = bsub.add_parser("run", help="run scenarios x concurrencies against an endpoint")
-    rp.add_argument("--url", default="https://127.0.0.1:8000",
+    rp.add_argument("--url", default="https://127.0.0.1:8000", type=base_url,
                     help="base URL (the public port, the router or an instance); for the public "
                     "port's own certificate set SSL_CERT_FILE=/etc/inference-image/tls/cert.pem")
     rp.add_argument("--profile", metavar="TIER", help="served model name and $/hour from a tier")

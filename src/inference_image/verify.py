@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -52,19 +53,30 @@ class Target:
         return url + (f"?ssh_identity_file={identity}" if identity else "")
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]")
+CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 def parse_target(spec: str, user: str) -> Target:
     if spec.startswith("podman://"):
-        return Target("podman", spec.removeprefix("podman://"))
+        name = spec.removeprefix("podman://")
+        if not CONTAINER.fullmatch(name):
+            raise VerifyError(f"--host {spec!r}: podman://NAME takes a container name (letters, "
+                              "digits, _ . -)")
+        return Target("podman", name)
     if spec in ("local://", "localhost://"):
         return Target("local", "localhost")
     host, port = spec, 22
-    if spec.count(":") == 1:
-        host, p = spec.split(":")
-        if not p.isdigit():
-            raise VerifyError(f"--host {spec}: the port must be a number (HOST:PORT)")
+    if spec.count(":") == 1 or (spec.startswith("[") and "]:" in spec):
+        host, _, p = spec.rpartition(":")
+        if not (p.isascii() and p.isdigit() and 1 <= int(p) <= 65535):
+            raise VerifyError(f"--host {spec!r}: the port must be a number 1-65535 (HOST:PORT)")
         port = int(p)
     if not host:
         raise VerifyError("--host is empty: give HOST[:PORT], podman://NAME or local://")
+    if not HOST_NAME.fullmatch(host):
+        raise VerifyError(f"--host {spec!r}: a host name or address (letters, digits, . - _, "
+                          "or [IPv6]), then :PORT if not 22")
     return Target("ssh", host, port, user)
 
 
