@@ -315,3 +315,20 @@ def test_a_fleet_of_1_00_workers_is_refused_not_read_as_60(tmp_path: Path) -> No
     f.write_text("name: f\ntier: h100\nworkers: 1:00\nsnapshot: 123\n")
     with pytest.raises(ProfileErrors, match="workers: bad value \"1:00\""):
         fleet.load(f)
+
+
+# as YAML's double-quoted escapes write them (a raw U+0085 is a line break YAML folds)
+@pytest.mark.parametrize("sep", ["\\L", "\\P", "\\N"])
+def test_a_unicode_line_separator_in_any_string_is_refused(sep: str) -> None:
+    for setting in (f'description="a{sep}b"', f'serving.extra_args=["--seed", "1{sep}2"]'):
+        with pytest.raises(ProfileErrors, match="Unicode line or paragraph separator"):
+            resolve("cpu", overrides=[setting])
+
+
+def test_the_lab_reads_an_args_file_as_inference_run_does(tmp_path: Path) -> None:
+    from inference_lab.proof_probes import with_acceptance
+    args = tmp_path / "vllm-0.args"
+    args.write_text('--speculative-config\n{"method":"eagle3"}\n--x\na\u2028b\n')
+    with_acceptance(args, 2.0)
+    lines = args.read_text().split("\n")
+    assert lines[2:4] == ["--x", "a\u2028b"] and lines[-1] == ""  # still one argument

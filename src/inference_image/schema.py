@@ -45,6 +45,19 @@ def _wants(annotation: Any) -> tuple[bool, bool]:
     return bool not in args and any(a in (int, float) for a in args), args == (bool,)
 
 
+LINE_BREAKS = ("\u2028", "\u2029", "\x85")
+
+
+def _has_line_break(v: Any) -> bool:
+    if isinstance(v, str):
+        return any(b in v for b in LINE_BREAKS)
+    if isinstance(v, (list, tuple)):
+        return any(_has_line_break(x) for x in v)
+    if isinstance(v, dict):
+        return any(_has_line_break(k) or _has_line_break(x) for k, x in v.items())
+    return False
+
+
 class Strict(BaseModel):
     # allow_inf_nan: a target or a GPU size of .inf would pass every comparison it meets.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -57,6 +70,11 @@ class Strict(BaseModel):
         # written (profiles.STRICT_SCALARS), so anything else here is a mistake
         if not info.field_name or v is None:
             return v
+        if _has_line_break(v):
+            # one line wherever a value lands: a shell, an args file or a unit reads these as
+            # line ends, and Python's splitlines() does too
+            raise ValueError("holds a Unicode line or paragraph separator (U+2028, U+2029, "
+                             "U+0085); write it on one line")
         number, boolean = _wants(cls.model_fields[info.field_name].annotation)
         if number and isinstance(v, bool):
             raise ValueError("a boolean where a number belongs; write the number")

@@ -299,8 +299,10 @@ def make_models(base: Path, more: dict[str, dict[str, Any]] | None = None) -> di
 def with_acceptance(args_file: Path, length: float | None = None,
                     rates: tuple[float, ...] = ()) -> None:
     """Add vLLM's synthetic rejection sampling at a mean `length` or per-position `rates` to the
-    rendered speculative config: the one change a proof makes to the command line the image runs."""
-    lines = args_file.read_text().splitlines()
+    rendered speculative config: the one change a proof makes to the command line the image runs.
+    Lines end at "\n" only, as inference-run reads them (str.splitlines would also split at
+    U+2028 and U+0085, making one argument two)."""
+    lines = args_file.read_text().removesuffix("\n").split("\n")
     try:
         i = lines.index("--speculative-config")
     except ValueError:
