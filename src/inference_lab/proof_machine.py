@@ -9,6 +9,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -129,20 +130,36 @@ def without_cuda_compiler(env: dict[str, str]) -> dict[str, str]:
 
 
 def start(argv: list[str], env: dict[str, str], log: Path, port: int,
-          cpus: frozenset[int] | None = None) -> Server:
+          cpus: frozenset[int] | None = None, lines: list[tuple[float, str]] | None = None,
+          base: dict[str, str] | None = None) -> Server:
     """`cpus`: the server's processes run on these CPUs only (their children inherit them).
     `PROOF_SERVER_WRAP` in the environment: a command every server starts under (its words
-    before the server's argv), e.g. `python3 -m inference_lab.sandbox exec --allow FILE --`."""
+    before the server's argv), e.g. `python3 -m inference_lab.sandbox exec --allow FILE --`.
+    `lines`: each output line is also kept there with the seconds since the start at which it
+    arrived (the ready step's phases). `base`: the environment before `env` (default this
+    process's)."""
     argv = shlex.split(os.environ.get("PROOF_SERVER_WRAP", "")) + argv
     if serving(port):
         raise ProofError(f"port {port} already serves: stop that server first (a run cut off by "
                          "a time limit leaves one behind)")
+    t0 = time.monotonic()
     fh = log.open("wb")
-    proc = subprocess.Popen(argv, env=without_cuda_compiler({**os.environ, **env}),
-                            stdout=fh, stderr=subprocess.STDOUT,
-                            start_new_session=True,
+    proc = subprocess.Popen(argv, env=without_cuda_compiler({**(base or os.environ), **env}),
+                            stdout=fh if lines is None else subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
-    return Server(proc, port, log, time.monotonic())
+    if lines is not None:
+        def copy() -> None:
+            assert proc.stdout is not None
+            with fh:
+                for raw in proc.stdout:
+                    fh.write(raw)
+                    fh.flush()
+                    lines.append((time.monotonic() - t0,
+                                  raw.decode(errors="replace").rstrip()))
+
+        threading.Thread(target=copy, daemon=True).start()
+    return Server(proc, port, log, t0)
 
 
 def backends(log: Path) -> list[str]:

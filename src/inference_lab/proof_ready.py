@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 from inference_image import startup
 from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
 
-from .proof_machine import Server, serving, without_cuda_compiler
+from .proof_machine import start
 from .proof_plan import READY_STARTS, STANDIN, ProofError, Step
 from .proof_probes import completion_request
 
@@ -56,31 +55,6 @@ def image_environ() -> dict[str, str]:
     them, and an image's instance has only those of its unit (e.g. the GPU machine's guide sets
     VLLM_USE_DEEP_GEMM=0, which the image does not)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-
-
-def start_timed(argv: list[str], env: dict[str, str], log: Path, port: int,
-                lines: list[tuple[float, str]], base: dict[str, str] | None = None) -> Server:
-    """A server whose output lines are written to `log` and kept in `lines` with the seconds
-    since its start at which each arrived; `base`: its environment before `env` (default this
-    process's)."""
-    if serving(port):
-        raise ProofError(f"port {port} already serves: stop that server first")
-    argv = [*os.environ.get("PROOF_SERVER_WRAP", "").split(), *argv]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=without_cuda_compiler({**(base or os.environ), **env}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-    def copy() -> None:
-        with log.open("wb") as fh:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                fh.write(raw)
-                fh.flush()
-                lines.append((time.monotonic() - t0, raw.decode(errors="replace").rstrip()))
-
-    threading.Thread(target=copy, daemon=True).start()
-    return Server(proc, port, log, t0)
 
 
 def first_answer(port: int, model: str) -> float:
@@ -225,8 +199,8 @@ class ReadySteps:
             self._phase(f"the {state} start")
             lines: list[tuple[float, str]] = []
             (self.work / "logs").mkdir(parents=True, exist_ok=True)
-            srv = start_timed(argv, senv, self.work / "logs" / f"{label}-{state}.log", port, lines,
-                              image_environ() if step.image_paths else None)
+            srv = start(argv, senv, self.work / "logs" / f"{label}-{state}.log", port,
+                        lines=lines, base=image_environ() if step.image_paths else None)
             try:
                 ready = srv.wait_ready()
                 answered = ready + first_answer(port, model)
