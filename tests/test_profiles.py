@@ -295,7 +295,7 @@ def test_numbers_and_booleans_are_read_as_written_never_as_yaml_1_1_guesses(
 
 
 def test_a_profile_file_reads_yaml_scalars_by_the_core_schema(tmp_path: Path) -> None:
-    from inference_image.profiles import bounded_yaml
+    from inference_image.yaml_input import bounded_yaml
     got = bounded_yaml("a: true\nb: yes\nc: 017\nd: 1:00\ne: 0x10\nf: 1.5\ng: 1e3\nh: ~\n"
                        "i: 2026-11-29\nj: .inf\nk: -12\nl: on\nm: 5.\n")
     assert got == {"a": True, "b": "yes", "c": "017", "d": "1:00", "e": "0x10", "f": 1.5,

@@ -67,7 +67,7 @@ class Strict(BaseModel):
     def _numbers_and_booleans_as_written(cls, v: Any, info: ValidationInfo) -> Any:
         # pydantic would read `true` as 1 and "017" as 17 where it wants a number, and 1 as true
         # where it wants a boolean: the profile loader reads YAML's numbers and booleans as
-        # written (profiles.STRICT_SCALARS), so anything else here is a mistake
+        # written (yaml_input.STRICT_SCALARS), so anything else here is a mistake
         if not info.field_name or v is None:
             return v
         if _has_line_break(v):
