@@ -32,7 +32,7 @@ from inference_image import startup
 from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
 
 from .proof_machine import start
-from .proof_plan import READY_STARTS, STANDIN, ProofError, Step
+from .proof_plan import READY_STARTS, STANDIN, ProofError, Step, vanilla_step
 from .proof_probes import completion_request
 
 BUNDLE_NAME = "warm-cache.tar.gz"
@@ -253,7 +253,6 @@ class ReadySteps:
         if step.vanilla:
             r = self.resolved()
             port, name = r.instances[0].port, r.profile.model.target
-            from .proof_plan import vanilla_step
             args = step.args or vanilla_step(r).args
             argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve",
                     str(self.made(self.model_for(r, checkpoint=False))), "--load-format",
