@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, edit, free_port
 
 from inference_image import render as render_mod
-from inference_image.profiles import list_tiers, resolve
+from inference_image.profiles import ProfileErrors, list_tiers, resolve
 from inference_image.render import PATHS, RenderError, render, vllm_argv
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -318,7 +318,7 @@ def test_stream_interval_renders_only_where_the_profile_sets_more_than_vllms_one
 
 def test_whole_step_graphs_join_the_capture_size_in_one_compilation_config():
     def compilation(*sets: str) -> dict[str, object]:
-        argv = h100_argv(*sets)
+        argv = h100_argv("serving.cudagraph_prefill_step=null", *sets)  # vLLM's sizes: below
         assert argv.count("--compilation-config") == 1  # a second one would replace the first
         return json.loads(argv[argv.index("--compilation-config") + 1])
 
@@ -469,3 +469,32 @@ def test_the_routers_policy_is_cache_aware_only_where_it_has_a_choice(tier, sets
     for argv, want in ((render_mod.router_argv(r), local),
                        (render_mod.router_argv(r, fleet=True), fleet)):
         assert argv[argv.index("--policy") + 1] == want, argv
+
+
+def test_graph_sizes_past_the_decode_steps_are_spaced_by_the_prefill_step() -> None:
+    def sizes(*sets: str) -> list[int] | None:
+        argv = h100_argv(*sets)
+        return json.loads(argv[argv.index("--compilation-config") + 1]).get(
+            "cudagraph_capture_sizes")
+
+    shipped = sizes()
+    assert shipped is not None
+    # vLLM's own list up to the largest decode step (96 sequences x (1 + 3 draft tokens))...
+    decode = [n for n in shipped if n <= 384]
+    assert decode == [1, 2, 4, *range(8, 256, 8), *range(256, 385, 16)]
+    # ...then a graph every 128 tokens to the largest step, which is captured
+    assert [n for n in shipped if n > 384] == list(range(512, 2049, 128))
+    wide = sizes("serving.cudagraph_prefill_step=256")
+    assert [n for n in wide if n > 384] == [512, 768, 1024, 1280, 1536, 1792, 2048]
+    # without the field the list is vLLM's (the command line every tier rendered before it)
+    assert sizes("serving.cudagraph_prefill_step=null") is None
+    # no draft: decode steps are one token a sequence
+    plain = sizes("model.speculative.method=none", "model.speculative.draft=null")
+    assert plain == [1, 2, 4, *range(8, 97, 8), *range(128, 2049, 128)]
+
+
+def test_a_prefill_step_without_a_capture_size_is_refused_naming_both() -> None:
+    with pytest.raises(ProfileErrors) as exc:
+        resolve("h100", ROOT / "profiles", overrides=["serving.cudagraph_capture_size=null"])
+    assert "serving.cudagraph_prefill_step" in str(exc.value)
+    assert "serving.cudagraph_capture_size" in str(exc.value)

@@ -135,6 +135,21 @@ def served_model_name(r: Resolved) -> str:
     return r.profile.model.target
 
 
+def cudagraph_sizes(r: Resolved) -> list[int]:
+    """The CUDA graph sizes of a profile with serving.cudagraph_prefill_step: vLLM 0.26's own
+    list (1, 2, 4, every 8 to 256, every 16 beyond) up to the largest decode step, every `step`
+    tokens past it up to cudagraph_capture_size. Empty: vLLM's list."""
+    s, spec = r.profile.serving, r.profile.model.speculative
+    step, top = s.cudagraph_prefill_step, s.cudagraph_capture_size
+    if not step or not top:
+        return []
+    k = spec.num_speculative_tokens if spec.method != "none" else 0
+    decode = min(top, -(-s.max_num_seqs * (1 + k) // 16) * 16)
+    fine = [n for n in (1, 2, 4, *range(8, 256, 8), *range(256, decode + 1, 16)) if n <= decode]
+    coarse = range(-(-(decode + 1) // step) * step, top + 1, step)
+    return sorted({*fine, *coarse, top})
+
+
 def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     """The full vLLM command line of one instance. ${VAR} is expanded by inference-run."""
     s, m = r.profile.serving, r.profile.model
@@ -178,6 +193,8 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     compilation: dict[str, Any] = {}
     if s.cudagraph_capture_size:
         compilation["max_cudagraph_capture_size"] = s.cudagraph_capture_size
+    if sizes := cudagraph_sizes(r):
+        compilation["cudagraph_capture_sizes"] = sizes
     if s.cudagraph_mode != "full_and_piecewise":
         # full_and_decode is vLLM's FULL plus the plugin's decode graphs (vllm_env)
         compilation["cudagraph_mode"] = "FULL"

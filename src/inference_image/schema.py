@@ -270,6 +270,11 @@ class Serving(Strict):
     cudagraph_capture_size: int | None = Field(
         None, ge=1, le=8192,
         description="capture CUDA graphs up to this many tokens (vLLM: 2 x max_num_seqs)")
+    cudagraph_prefill_step: int | None = Field(
+        None, ge=16, le=1024, multiple_of=16,
+        description="graph sizes past the largest decode step (max_num_seqs x (1 + draft tokens)) "
+        "every this many tokens (vLLM: every 16), so a start captures fewer graphs; a step that "
+        "reads prompts is padded to the next size. Needs cudagraph_capture_size")
     cudagraph_mode: Literal["full_and_piecewise", "full", "full_and_decode"] = Field(
         "full_and_piecewise",
         description="steps that read prompts: 'full_and_piecewise' (vLLM's default) runs them in "
