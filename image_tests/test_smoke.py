@@ -150,6 +150,21 @@ def test_compile_cache_writable_by_the_service(root: Any, profile: dict[str, Any
         assert r.rc == 0, f"{cache}/{sub} is not writable by {user}"
 
 
+def test_the_build_inspected_the_models_so_no_start_does(root: Any, profile: dict[str, Any]) -> None:
+    """The build ran `inference-startup inspect`: vLLM's answers about the served architectures
+    are in its cache, current for the installed vLLM (asking again writes nothing), and owned by
+    the instances' user."""
+    units, inst = profile["paths"]["units"], profile["instances"][0]["name"]
+    r = root.run(f"python3 {profile['paths']['startup']} inspect --env {units}/{inst}.env "
+                 f"--args {units}/{inst}.args")
+    assert r.rc == 0, r.stderr
+    assert r.stdout.startswith("inference-startup: already inspected: "), r.stdout
+    infos = f"{profile['paths']['cache']}/vllm/modelinfos"
+    assert root.run(f"find {infos} -name '*.json' | grep -q .").rc == 0, f"nothing in {infos}"
+    foreign = root.run(f"find {infos} ! -user {profile['service_user']}").stdout.strip()
+    assert not foreign, f"not the instances' user's: {foreign}"
+
+
 @pytest.mark.serving
 def test_every_start_checked_the_warm_cache_and_said_what_it_found(
         root: Any, profile: dict[str, Any]) -> None:

@@ -235,11 +235,14 @@ def test_prefetch_reads_the_venv_then_asks_for_the_models(tmp_path: Path) -> Non
 
 
 def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_digest() -> None:
-    before = resolve("h100").digest
+    # h100x8 sets none of them: its digest is the one its records were made with
+    before = resolve("h100x8").digest
     for path, default in DIGEST_AT_DEFAULT.items():
-        assert resolve("h100", overrides=[f"{path}={str(default).lower()}"]).digest == before
-    assert resolve("h100", overrides=["serving.engine_process=fork"]).digest != before
-    assert resolve("h100", overrides=["serving.page_cache_prefetch=true"]).digest != before
+        value = "null" if default is None else str(default).lower()
+        assert resolve("h100x8", overrides=[f"{path}={value}"]).digest == before
+    for change in ("serving.engine_process=fork", "serving.page_cache_prefetch=true",
+                   "serving.cudagraph_prefill_step=128"):
+        assert resolve("h100x8", overrides=[change]).digest != before
 
 
 def test_a_start_that_became_ready_is_recorded_in_endpoint_json_beside_what_firstboot_wrote(
@@ -263,3 +266,38 @@ def test_the_banner_says_what_a_start_is_doing() -> None:
     assert startup.doing("\n".join(lines[:4]), 100.0, 150.0) == \
         "compiling (torch.compile), 50 s into its start"
     assert startup.doing(JOURNAL, 100.0, 161.0).startswith("answering its health check")
+
+
+def test_inspect_names_the_architectures_vllm_inspects_at_a_start(tmp_path: Path) -> None:
+    """The build's inspection asks vLLM about what a start serves: the target's architectures and
+    an EAGLE head's as vLLM 0.26 renames them (EAGLEConfig); a variable already set in the
+    environment wins over the unit's file, as in inference-run."""
+    target, head, other = tmp_path / "t", tmp_path / "h", tmp_path / "o"
+    for folder, archs in ((target, ["LlamaForCausalLM"]), (head, ["LlamaForCausalLM"]),
+                          (other, ["LlamaForCausalLMEagle3"])):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": archs}))
+    env = tmp_path / "vllm-0.env"
+    env.write_text(f"# a comment\nMODEL_PATH={target}\nDRAFT_PATH={head}\n")
+    args = tmp_path / "vllm-0.args"
+    args.write_text('--model\n${MODEL_PATH}\n--speculative-config\n'
+                    '{"method":"eagle3","model":"${DRAFT_PATH}","num_speculative_tokens":3}\n')
+    merged = startup.unit_environ(env)
+    assert startup.architectures(merged, args) == ["LlamaForCausalLM", "Eagle3LlamaForCausalLM"]
+    assert startup.architectures({**merged, "DRAFT_PATH": str(other)}, args) == [
+        "LlamaForCausalLM", "LlamaForCausalLMEagle3"]  # a head named for EAGLE-3 keeps its name
+    assert startup.architectures(merged, None) == ["LlamaForCausalLM"]  # no draft method: as is
+    (head / "config.json").write_text("{not json")
+    with pytest.raises(startup.BundleError, match="DRAFT_PATH=.*config.json"):
+        startup.architectures(merged, args)
+
+
+def test_inspect_without_a_python_or_a_cache_root_says_which_is_missing(tmp_path: Path) -> None:
+    env = tmp_path / "vllm-0.env"
+    env.write_text("MODEL_PATH=/nowhere\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "inspect", "--env", str(env)],
+                          capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"inference-startup: {env}: names no INFERENCE_PYTHON or "
+                                   "VLLM_CACHE_ROOT")

@@ -19,6 +19,7 @@ compiles as on a fresh machine. A check never fails a start.
     inference-startup install B.tar.gz --cache DIR [--owner USER]
     inference-startup check --cache DIR [--profile-json F]          one line; exit 0 whatever it finds
     inference-startup prefetch                                      the venv and models into the page cache
+    inference-startup inspect --env E [--args A] [--owner USER]     the models' architectures, into vLLM's cache
     inference-startup ready INSTANCE --endpoint F                   a start's phases, once it serves
     inference-startup status INSTANCE                               what a start is doing now
     inference-startup phases [--since-monotonic S] < LOG            a start's phases (JSON)
@@ -578,6 +579,98 @@ def prefetch_roots() -> tuple[list[Path], list[Path]]:
     return venv, models
 
 
+# ---- the models' inspection ------------------------------------------------------------------
+
+# vLLM 0.26 inspects each architecture a start serves in a Python subprocess of its own (it imports
+# vLLM and the model's module: seconds each) and keeps what it learnt under VLLM_CACHE_ROOT/
+# modelinfos, keyed by the module's source alone: the build can do it once, with no GPU.
+INSPECT = """
+import sys, time
+from vllm.model_executor.models.registry import ModelRegistry
+for arch in sys.argv[1:]:
+    t0 = time.monotonic()
+    info = ModelRegistry._try_inspect_model_cls(arch)
+    print(arch, "inspected" if info else "unknown", round(time.monotonic() - t0, 1), flush=True)
+"""
+INSPECT_TIMEOUT_S = 900
+
+
+def unit_environ(env_file: Path) -> dict[str, str]:
+    """A unit's environment file (KEY=VALUE lines, as the render writes them) under this process's
+    environment: a variable already set here wins, as in inference-run."""
+    env: dict[str, str] = {}
+    for line in env_file.read_text(encoding="utf-8").split("\n"):
+        key, eq, value = line.partition("=")
+        if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            env[key] = value
+    return {**env, **os.environ}
+
+
+def architectures(env: dict[str, str], args_file: Path | None) -> list[str]:
+    """The architectures a start serves: the target's (MODEL_PATH/config.json) and the draft's
+    (DRAFT_PATH), named as vLLM 0.26 names an EAGLE head's (EAGLEConfig)."""
+    method = ""
+    if args_file is not None:
+        argv = args_file.read_text(encoding="utf-8").split("\n")
+        for i, a in enumerate(argv[:-1]):
+            if a == "--speculative-config":
+                with contextlib.suppress(ValueError, AttributeError):
+                    method = str(json.loads(argv[i + 1]).get("method", ""))
+    archs: list[str] = []
+    for var in ("MODEL_PATH", "DRAFT_PATH"):
+        folder = env.get(var)
+        if not folder:
+            continue
+        try:
+            names = json.loads((Path(folder) / "config.json").read_text()).get("architectures")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise BundleError(f"{var}={folder}: no readable config.json ({exc})") from None
+        for a in names if isinstance(names, list) else []:
+            a = str(a)
+            if var == "DRAFT_PATH" and method == "eagle3" and "Eagle3" not in a:
+                a = f"Eagle3{a}"
+            elif var == "DRAFT_PATH" and method == "eagle" and not a.startswith("Eagle"):
+                a = f"Eagle{a}"
+            if a not in archs:
+                archs.append(a)
+    return archs
+
+
+def inspect_models(env_file: Path, args_file: Path | None = None,
+                   owner: str | None = None) -> str:
+    """Inspect the architectures the unit serves with its vLLM, as its start would, so that the
+    start reads vLLM's answers from its cache. One line saying what was done."""
+    env = unit_environ(env_file)
+    python, root = env.get("INFERENCE_PYTHON"), env.get("VLLM_CACHE_ROOT")
+    if not python or not root:
+        raise BundleError(f"{env_file}: names no INFERENCE_PYTHON or VLLM_CACHE_ROOT")
+    archs = architectures(env, args_file)
+    if not archs:
+        return "no architecture to inspect"
+    infos = Path(root) / "modelinfos"
+
+    def written() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in infos.glob("*.json")} \
+            if infos.is_dir() else {}
+
+    before = written()
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([python, "-c", INSPECT, *archs], env=env, capture_output=True,
+                              text=True, timeout=INSPECT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BundleError(f"inspecting {', '.join(archs)}: {exc}") from None
+    done = [line.split()[0] for line in proc.stdout.splitlines() if " inspected " in line]
+    if proc.returncode or not done:
+        raise BundleError(f"vLLM did not inspect {', '.join(archs)} (exit {proc.returncode}): "
+                          f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+    if written() == before:
+        return f"already inspected: {', '.join(done)} ({infos})"
+    if (ids := _owner_ids(owner)) is not None:
+        _chown_tree(Path(root), ids)
+    return f"inspected {', '.join(done)} in {time.monotonic() - t0:.0f} s ({infos})"
+
+
 # ---- a start's anatomy ------------------------------------------------------------------------
 
 # The moments a vLLM 0.26 start passes, in the order they come, each the first log line matching
@@ -785,6 +878,11 @@ def main(argv: list[str] | None = None) -> int:
     _key_args(p)
     sub.add_parser("prefetch", help="read what a start will read into the page cache (the vLLM "
                    "venv, then MODEL_PATH and DRAFT_PATH)")
+    p = sub.add_parser("inspect", help="inspect the models' architectures with the unit's vLLM, "
+                       "as its start would, into vLLM's cache (the build, once)")
+    p.add_argument("--env", required=True, type=Path, help="the unit's environment file")
+    p.add_argument("--args", type=Path, help="the unit's arguments file")
+    p.add_argument("--owner", help="the user the instances run as")
     p = sub.add_parser("ready", help="a vLLM unit's start that just became ready: its phases to "
                        "the journal and the machine's endpoint.json (ExecStartPost)")
     p.add_argument("instance")
@@ -827,6 +925,8 @@ def main(argv: list[str] | None = None) -> int:
             n, total = prefetch(*prefetch_roots())
             print(f"inference-startup: asked for {n} files, {total / 2**30:.1f} GiB, in "
                   f"{time.monotonic() - t0:.1f} s")
+        elif args.cmd == "inspect":
+            print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
         elif args.cmd == "ready":
             try:
                 line = ready(args.instance, args.endpoint)

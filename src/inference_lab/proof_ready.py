@@ -192,6 +192,11 @@ class ReadySteps:
             home.mkdir(parents=True)
             senv = {**env, "HOME": str(home)}
             entry: dict[str, Any] = {}
+            if state == "cold" and profile_json is not None:
+                # what the image's build leaves under the cache root (the role's inspect task)
+                entry["inspected"] = self._inspect(profile_json.parent / "units", argv[-1],
+                                                   {**(image_environ() if step.image_paths
+                                                       else os.environ), **env})
             if state in ("cold", "bundle"):
                 entry["page_cache_dropped"] = drop_page_cache()
             runs[state] = entry
@@ -279,6 +284,17 @@ class ReadySteps:
             env["PYTHONPATH"] = str(STANDIN)
         return ([str(rdir / "usr/local/bin/inference-run"), inst.name], env, inst.port,
                 r.profile.model.target, python, root, rdir / "etc/inference-image/profile.json")
+
+    def _inspect(self, units: Path, instance: str, env: dict[str, str]) -> str:
+        """`inference-startup inspect` of the instance, as the image's build runs it: its line."""
+        self._phase("inspecting the models, as the build does")
+        proc = subprocess.run([self.python, startup.__file__, "inspect",
+                               "--env", str(units / f"{instance}.env"),
+                               "--args", str(units / f"{instance}.args")],
+                              env=env, capture_output=True, text=True, check=False)
+        line = (proc.stdout or proc.stderr).strip().splitlines()[-1:] or ["no output"]
+        print(f"[inspect] {line[0]}", flush=True)
+        return line[0]
 
     def _wipe(self, root: Path) -> None:
         for p in (*startup.CACHE_PARTS, "xdg-config", "tmp", startup.MANIFEST, startup.REJECTED):
