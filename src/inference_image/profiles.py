@@ -40,8 +40,9 @@ OWNED_FLAGS = {
     "--no-enable-chunked-prefill": "serving.chunked_prefill",
     "--attention-backend": "serving.flash_attention_3",
     "--attention-config": "serving.flash_attention_3",
-    "--compilation-config": "serving.cudagraph_capture_size or serving.cudagraph_mode",
-    "-cc": "serving.cudagraph_capture_size or serving.cudagraph_mode",
+    "--compilation-config": "serving.cudagraph_capture_size, cudagraph_prefill_step or "
+    "cudagraph_mode",
+    "-cc": "serving.cudagraph_capture_size, cudagraph_prefill_step or cudagraph_mode",
     "--linear-backend": "serving.linear_backend", "--speculative-config": "model.speculative",
     "--api-key": "", "--uds": "",
     "--pipeline-parallel-size": "serving.nodes", "-pp": "serving.nodes", "--nnodes": "serving.nodes",
@@ -224,7 +225,8 @@ class Resolved:
 # profile that leaves them there keeps its digest, so the ledger still reads its records as the
 # tier as it ships (docs/benchmarks.md). A field whose default changes what serves is not listed.
 DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
-                                     "serving.page_cache_prefetch": False}
+                                     "serving.page_cache_prefetch": False,
+                                     "serving.cudagraph_prefill_step": None}
 
 
 def _cc(cc: str | None) -> tuple[int, int]:
@@ -583,6 +585,10 @@ def _check(
         err("serving.cudagraph_mode", "full graphs for steps that read prompts need an attention "
             "backend that vLLM can capture whole at any batch; of this project's, FlashAttention 3",
             "set serving.cudagraph_mode: full_and_piecewise, or serving.flash_attention_3: true")
+    if s.cudagraph_prefill_step and not s.cudagraph_capture_size:
+        err("serving.cudagraph_prefill_step", "spaces the graph sizes up to "
+            "serving.cudagraph_capture_size, which this profile leaves to vLLM",
+            "set serving.cudagraph_capture_size, or remove serving.cudagraph_prefill_step")
     if s.triton_decode_max_tokens and not s.flash_attention_3:
         err("serving.triton_decode_max_tokens",
             "small decode batches are routed inside vLLM's FlashAttention backend, which this "
