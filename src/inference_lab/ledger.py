@@ -169,7 +169,10 @@ def load(path: Path, shipped: dict[str, str] | None = None) -> tuple[list[Series
             tier = proof.get("tier") or rec.doc["tiers"].get(name, "")
             commands = proof.get("commands") or {}
             for label, rows in (proof.get("runs") or {}).items():
-                cmd = commands.get(label) or commands.get(label.removesuffix("-direct"))
+                # a ready step's rows are named after their start (h100-bundle), its command not
+                base = label.removesuffix("-direct")
+                cmd = commands.get(label) or commands.get(base) or commands.get(
+                    re.sub(r"-(cold|warm|bundle)$", "", base))
                 if not isinstance(cmd, dict) or not isinstance(rows, list):
                     continue
                 sha = cmd.get("profile_sha256")

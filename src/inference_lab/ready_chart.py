@@ -26,7 +26,7 @@ class Start:
     phases: list[tuple[str, float]]
 
     def name(self) -> str:
-        return f"{'vanilla vLLM' if self.vanilla else 'image'}, {self.state}"
+        return f"{'vanilla vLLM' if self.vanilla else 'image'}, {self.state} ({self.machine})"
 
 
 def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
@@ -42,14 +42,14 @@ def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
 
 
 def newest(found: list[Start]) -> list[Start]:
-    """The newest run's starts of one machine, vanilla first, then cold, warm, bundle."""
+    """The newest run's starts, vanilla first, then cold, warm, bundle; a run's machines each
+    keep theirs (a bundle made on one machine is restored on another)."""
     if not found:
         return []
     run = max(s.run for s in found)
-    machine = sorted(s.machine for s in found if s.run == run)[0]
-    these = [s for s in found if s.run == run and s.machine == machine]
-    return sorted(these, key=lambda s: (not s.vanilla, STATES.index(s.state)
-                                        if s.state in STATES else 9))
+    return sorted((s for s in found if s.run == run),
+                  key=lambda s: (not s.vanilla, STATES.index(s.state) if s.state in STATES else 9,
+                                 s.machine))
 
 
 def table(rows: list[Start]) -> str:
@@ -57,7 +57,7 @@ def table(rows: list[Start]) -> str:
     head += "|---|---|" + "---|" * len(ORDER) + "\n"
     for s in rows:
         ph = dict(s.phases)
-        head += (f"| {s.name()} (run {s.run}) | {s.answered_s:.1f} | "
+        head += (f"| {s.name()}, run {s.run} | {s.answered_s:.1f} | "
                  + " | ".join(f"{ph[p]:.1f}" if p in ph else "-" for p in ORDER) + " |\n")
     return head
 
