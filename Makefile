@@ -149,7 +149,7 @@ PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURD
 
 image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, or a WARM_CACHE that is no bundle
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
-	@if [ -n "$(WARM_CACHE)" ]; then $(PYTHON) src/inference_image/startup.py show "$(WARM_CACHE)" || exit 1; fi
+	@if [ -n "$(WARM_CACHE)" ]; then $(PYTHON) src/inference_image/startup/launch.py show "$(WARM_CACHE)" || exit 1; fi
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 
 # A local build does not serve while baking (packer/qemu.pkrvars.hcl says why).

@@ -21,23 +21,39 @@ from inference_image.render import PATHS, RenderError, render, vllm_argv
 GOLDEN = ROOT / "tests" / "golden"
 
 
-# copied from the source as it is (render.PATHS["startup"]): its own tests read the source, and a
-# golden copy would go stale with every edit to it
-COPIED = (PATHS["startup"].lstrip("/"),)
+# copied from the source as they are (render.startup_files): their own tests read the source, and
+# golden copies would go stale with every edit to them
+COPIED = (PATHS["startup"].lstrip("/"), PATHS["startup_lib"].lstrip("/") + "/")
 
 
 def tree(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-            if p.is_file() and str(p.relative_to(d)) not in COPIED}
+            if p.is_file() and not str(p.relative_to(d)).startswith(COPIED)}
 
 
-def test_the_startup_script_is_installed_as_its_source_is(tmp_path: Path) -> None:
+def test_inference_startup_is_installed_as_its_source_is_and_runs_from_the_render(
+        tmp_path: Path) -> None:
     from inference_image import startup
 
-    render(resolve("h100", ROOT / "profiles"), tmp_path / "r")
-    got = tmp_path / "r" / PATHS["startup"].lstrip("/")
-    assert got.read_text() == Path(startup.__file__).read_text()
-    assert got.stat().st_mode & 0o777 == 0o755
+    r = tmp_path / "r"
+    render(resolve("h100", ROOT / "profiles"), r)
+    launcher = r / PATHS["startup"].lstrip("/")
+    assert launcher.read_text() == startup.LAUNCHER.read_text()
+    assert launcher.stat().st_mode & 0o777 == 0o755
+    lib = r / PATHS["startup_lib"].lstrip("/") / "inference_image"
+    pkg = Path(startup.__file__).parent
+    assert {f.name for f in (lib / "startup").iterdir()} == {
+        f.name for f in pkg.glob("*.py")} - {"launch.py"}
+    for f in (lib / "startup").iterdir():
+        assert f.read_text() == (pkg / f.name).read_text() and f.stat().st_mode & 0o777 == 0o644
+    # the rendered launcher runs the rendered package, not the source tree's, and writes nothing
+    (lib / "startup" / "cli.py").write_text(
+        (lib / "startup" / "cli.py").read_text().replace('prog="inference-startup"',
+                                                         'prog="rendered-startup"'))
+    proc = subprocess.run([sys.executable, str(launcher), "--help"], capture_output=True,
+                          text=True, check=False, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: rendered-startup"), proc
+    assert not list(r.rglob("__pycache__"))
 
 
 @pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
@@ -49,7 +65,7 @@ def test_render_matches_golden(tier, tmp_path):
         subprocess.run(["rm", "-rf", str(GOLDEN / tier)], check=True)
         subprocess.run(["cp", "-a", str(out), str(GOLDEN / tier)], check=True)
         for rel in COPIED:
-            (GOLDEN / tier / rel).unlink(missing_ok=True)
+            subprocess.run(["rm", "-rf", str(GOLDEN / tier / rel)], check=True)
     cmp = filecmp.dircmp(out, GOLDEN / tier)
     assert tree(out) == tree(GOLDEN / tier), (cmp.diff_files, cmp.left_only, cmp.right_only)
 

@@ -147,8 +147,8 @@ def assert_data_only(out: dict[str, str], value: str, tier: str) -> None:
                         json.loads(m[2].replace("$${", "${").replace("%%{", "%{"))
                         assert not re.search(r"(?<!\$)\$\{|(?<!%)%\{", m[2]), line
         elif path.startswith(("usr/local/", "etc/update-motd.d/")):
-            if text.startswith("#!/usr/bin/env python3"):  # inference-startup, copied as it is
-                compile(text, path, "exec")
+            if text.startswith("#!/usr/bin/env python3") or path.endswith(".py"):
+                compile(text, path, "exec")  # inference-startup and its package, copied as they are
             else:
                 syntax = subprocess.run(["bash", "-n"], input=text, capture_output=True,
                                         text=True, check=False)

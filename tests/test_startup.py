@@ -16,7 +16,7 @@ import pytest
 from inference_image import startup
 from inference_image.profiles import DIGEST_AT_DEFAULT, resolve
 
-SCRIPT = Path(startup.__file__)
+SCRIPT = startup.LAUNCHER
 
 
 def key(**change: str) -> dict[str, str]:

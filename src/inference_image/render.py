@@ -10,7 +10,7 @@ import json
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jinja2
@@ -56,9 +56,11 @@ PATHS = {
     "join": "/usr/local/sbin/inference-join",
     # the build's last command: SSH host and build keys go, then the power-off (sysprep installs it)
     "seal": "/usr/local/sbin/inference-seal",
-    # an instance's start: the warm-cache bundle's check and the page-cache prefetch
-    # (src/inference_image/startup.py, installed as it is)
+    # an instance's start: the warm-cache bundle's check, the page-cache prefetch, the models'
+    # inspection at build (src/inference_image/startup/launch.py, installed as it is)...
     "startup": "/usr/local/sbin/inference-startup",
+    # ...and the package it runs (src/inference_image/startup/, as inference_image.startup)
+    "startup_lib": "/usr/local/lib/inference-image",
 }
 # a fleet worker's instance that is leaving its router (a file named by its port, from its
 # ExecStop until its next start): the join timer must not add it back while it drains. Beside the
@@ -133,6 +135,19 @@ def model_path(name: str) -> str:
 
 def served_model_name(r: Resolved) -> str:
     return r.profile.model.target
+
+
+def startup_files() -> dict[str, tuple[str, int]]:
+    """inference-startup as the image gets it: its launcher and its package's sources, as they
+    are (render-relative path: text, mode)."""
+    pkg = Path(startup.__file__).parent
+    lib = PurePosixPath(PATHS["startup_lib"].lstrip("/")) / "inference_image"
+    out = {PATHS["startup"].lstrip("/"): (startup.LAUNCHER.read_text(), 0o755),
+           str(lib / "__init__.py"): (Path(pkg.parent / "__init__.py").read_text(), 0o644)}
+    for f in sorted(pkg.glob("*.py")):
+        if f != startup.LAUNCHER:
+            out[str(lib / "startup" / f.name)] = (f.read_text(), 0o644)
+    return out
 
 
 def cudagraph_sizes(r: Resolved) -> list[int]:
@@ -567,7 +582,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
     tpl("usr/local/sbin/inference-join.j2", "usr/local/sbin/inference-join", 0o755)
-    out[PATHS["startup"].lstrip("/")] = (Path(startup.__file__).read_text(), 0o755)
+    out.update(startup_files())
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
     out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)

@@ -288,7 +288,7 @@ class ReadySteps:
     def _inspect(self, units: Path, instance: str, env: dict[str, str]) -> str:
         """`inference-startup inspect` of the instance, as the image's build runs it: its line."""
         self._phase("inspecting the models, as the build does")
-        proc = subprocess.run([self.python, startup.__file__, "inspect",
+        proc = subprocess.run([self.python, str(startup.LAUNCHER), "inspect",
                                "--env", str(units / f"{instance}.env"),
                                "--args", str(units / f"{instance}.args")],
                               env=env, capture_output=True, text=True, check=False)
@@ -308,7 +308,7 @@ class ReadySteps:
              env: dict[str, str]) -> dict[str, str]:
         """The machine key as the server sees it: where its Python imports vLLM from, its
         models (MODEL_PATH, DRAFT_PATH)."""
-        argv = [python, startup.__file__, "key", "--cache", str(root)]
+        argv = [python, str(startup.LAUNCHER), "key", "--cache", str(root)]
         if profile_json:
             argv += ["--profile-json", str(profile_json)]
         see = {k: env[k] for k in ("PYTHONPATH", "MODEL_PATH", "DRAFT_PATH") if k in env}

@@ -1,0 +1,71 @@
+"""What a vLLM instance's start costs, and the warm-cache bundle that carries what a start
+compiles onto a new machine.
+
+The one package both sides run: the build and the lab import it, and the render installs it on
+the image under /usr/local/lib/inference-image with `inference-startup` (launch.py) in front of
+it (stdlib only, run by the vLLM venv's Python or the system's).
+
+A bundle is a tar.gz of the instance caches (vLLM's compile cache and startup plan, inductor,
+Triton, the XDG cache) with a manifest, keyed by everything that makes its contents wrong for a
+machine: the vLLM, torch, Triton and Python versions, where vLLM is installed and where the caches
+live (vLLM's compile hash reads source paths), the GPU model and driver branch, the profile's and
+the plugin's digests. `check` runs before every start: a bundle whose key is not this machine's,
+or whose files are not what its manifest says, is removed with one line saying why, and the start
+compiles as on a fresh machine. A check never fails a start.
+
+    inference-startup key --cache DIR [--profile-json F]           this machine's key (JSON)
+    inference-startup make --cache DIR --out B.tar.gz [--profile-json F]
+    inference-startup show B.tar.gz                                 what a bundle is for
+    inference-startup install B.tar.gz --cache DIR [--owner USER]
+    inference-startup check --cache DIR [--profile-json F]          one line; exit 0 whatever it finds
+    inference-startup prefetch                                      the venv and models into the page cache
+    inference-startup inspect --env E [--args A] [--owner USER]     vLLM's model inspections, cached
+    inference-startup ready INSTANCE --endpoint F                   a start's phases, once it serves
+    inference-startup status INSTANCE                               what a start is doing now
+    inference-startup phases [--since-monotonic S] < LOG            a start's phases (JSON)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .anatomy import (
+    MOMENTS,
+    PHASES,
+    REPORTED,
+    SAID,
+    anatomy,
+    doing,
+    journal_lines,
+    ready,
+    ready_report,
+    record_ready,
+    status,
+)
+from .bundle import (
+    CACHE_PARTS,
+    KEY_FIELDS,
+    MANIFEST,
+    REJECTED,
+    BundleError,
+    check,
+    describe,
+    install,
+    key_differences,
+    machine_key,
+    make,
+    vllm_site,
+)
+from .prepare import architectures, inspect_models, prefetch, prefetch_roots, unit_environ
+
+# the command a process runs for `inference-startup` from this source tree (the image's is
+# /usr/local/sbin/inference-startup, the same file)
+LAUNCHER = Path(__file__).with_name("launch.py")
+
+__all__ = [
+    "CACHE_PARTS", "KEY_FIELDS", "LAUNCHER", "MANIFEST", "MOMENTS", "PHASES", "REJECTED",
+    "REPORTED", "SAID", "BundleError", "anatomy", "architectures", "check", "describe", "doing",
+    "inspect_models", "install", "journal_lines", "key_differences", "machine_key", "make",
+    "prefetch", "prefetch_roots", "ready", "ready_report", "record_ready", "status",
+    "unit_environ", "vllm_site",
+]

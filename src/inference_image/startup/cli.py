@@ -1,0 +1,115 @@
+"""inference-startup's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import __doc__ as USAGE
+from .anatomy import anatomy, journal_lines, ready, status
+from .bundle import BundleError, check, describe, install, machine_key, make
+from .prepare import inspect_models, prefetch, prefetch_roots
+
+# ---- command line ----------------------------------------------------------------------------
+
+def _key_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", required=True, type=Path, help="the instance cache root")
+    p.add_argument("--profile-json", type=Path, help="the render's profile.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="inference-startup", description=(USAGE or "").split("\n\n")[0],
+                                 epilog="\n".join((USAGE or "").split("\n\n")[-1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("key", help="this machine's key (JSON)")
+    _key_args(p)
+    p = sub.add_parser("make", help="pack the cache into a bundle")
+    _key_args(p)
+    p.add_argument("--out", required=True, type=Path)
+    p = sub.add_parser("show", help="what a bundle holds and which machine it is for")
+    p.add_argument("bundle", type=Path)
+    p = sub.add_parser("install", help="unpack a bundle into the cache")
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--cache", required=True, type=Path)
+    p.add_argument("--owner", help="the user the instances run as")
+    p = sub.add_parser("check", help="keep a bundle that is this machine's, remove one that "
+                       "is not (one line; exit 0 whatever it finds)")
+    _key_args(p)
+    sub.add_parser("prefetch", help="read what a start will read into the page cache (the vLLM "
+                   "venv, then MODEL_PATH and DRAFT_PATH)")
+    p = sub.add_parser("inspect", help="inspect the models' architectures with the unit's vLLM, "
+                       "as its start would, into vLLM's cache (the build, once)")
+    p.add_argument("--env", required=True, type=Path, help="the unit's environment file")
+    p.add_argument("--args", type=Path, help="the unit's arguments file")
+    p.add_argument("--owner", help="the user the instances run as")
+    p = sub.add_parser("ready", help="a vLLM unit's start that just became ready: its phases to "
+                       "the journal and the machine's endpoint.json (ExecStartPost)")
+    p.add_argument("instance")
+    p.add_argument("--endpoint", type=Path, required=True)
+    p = sub.add_parser("status", help="what a vLLM unit's start is doing now (the login banner)")
+    p.add_argument("instance")
+    p = sub.add_parser("phases", help="a start's phases from `journalctl -o short-monotonic`")
+    p.add_argument("--since-monotonic", type=float, default=0.0)
+    p.add_argument("--ready-s", type=float)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "key":
+            print(json.dumps(machine_key(args.cache, args.profile_json), indent=1))
+        elif args.cmd == "make":
+            m = make(args.cache, args.out, machine_key(args.cache, args.profile_json))
+            print(f"inference-startup: {args.out}: {len(m['files'])} files, "
+                  f"{m['bytes'] / 2**20:.0f} MiB of cache")
+        elif args.cmd == "install":
+            m = install(args.bundle, args.cache, args.owner)
+            done = "already installed" if m.get("already") else "installed"
+            if m.get("rejected"):
+                done += f" (a start here did not use it: {m['rejected']})"
+            print(f"inference-startup: {done}: {len(m['files'])} files in {args.cache} "
+                  f"(made {m.get('made', '?')} for {m['key'].get('gpu', '?')})")
+        elif args.cmd == "show":
+            print(f"inference-startup: {describe(args.bundle)}")
+        elif args.cmd == "check":
+            try:
+                key = machine_key(args.cache, args.profile_json)
+            except BundleError as exc:
+                key = {}
+                print(f"inference-startup: {exc}", file=sys.stderr)
+            try:
+                line = check(args.cache, key)[1] if key else "no key: the bundle was not read"
+            except Exception as exc:
+                line = f"the warm-cache check failed ({type(exc).__name__}: {exc}); starting"
+            print(f"inference-startup: {line}", flush=True)
+        elif args.cmd == "prefetch":
+            t0 = time.monotonic()
+            n, total = prefetch(*prefetch_roots())
+            print(f"inference-startup: asked for {n} files, {total / 2**30:.1f} GiB, in "
+                  f"{time.monotonic() - t0:.1f} s")
+        elif args.cmd == "inspect":
+            print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
+        elif args.cmd == "ready":
+            try:
+                line = ready(args.instance, args.endpoint)
+            except Exception as exc:  # a report never fails a start
+                line = f"{args.instance}: ready; no report ({type(exc).__name__}: {exc})"
+            print(f"inference-startup: {line}", flush=True)
+        elif args.cmd == "status":
+            try:
+                print(status(args.instance))
+            except (OSError, subprocess.SubprocessError):
+                print("starting")
+        elif args.cmd == "phases":
+            lines = journal_lines(sys.stdin.read(), args.since_monotonic)
+            print(json.dumps(anatomy(lines, args.ready_s)))
+    except BundleError as exc:
+        print(f"inference-startup: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
