@@ -288,7 +288,7 @@ def test_inspect_names_the_architectures_vllm_inspects_at_a_start(tmp_path: Path
         "LlamaForCausalLM", "LlamaForCausalLMEagle3"]  # a head named for EAGLE-3 keeps its name
     assert startup.architectures(merged, None) == ["LlamaForCausalLM"]  # no draft method: as is
     (head / "config.json").write_text("{not json")
-    with pytest.raises(startup.BundleError, match="DRAFT_PATH=.*config.json"):
+    with pytest.raises(startup.BundleError, match=r"DRAFT_PATH=.*config\.json"):
         startup.architectures(merged, args)
 
 
