@@ -89,6 +89,20 @@ def test_an_unknown_option_is_refused(machine: Path, args: tuple[str, ...]) -> N
       "instance_ports": [8100]}, "'router' is"),
     ({"role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": ["8100"]},
      "'instance_ports' is ['8100']"),
+    # typed: a boolean is no port, nor an address out of range or on the internet
+    ({"role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": [True]},
+     "'instance_ports' is [True]"),
+    ({"role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": 8100},
+     "'instance_ports' is 8100"),
+    ({"role": "worker", "router": "http://999.1.1.1:8001", "instance_ports": [8100]},
+     "'router' is 'http://999.1.1.1:8001'"),
+    ({"role": "worker", "router": "http://8.8.8.8:8001", "instance_ports": [8100]},
+     "'router' is 'http://8.8.8.8:8001'"),
+    ({"role": "worker", "router": "http://10.0.0.2:0", "instance_ports": [8100]},
+     "'router' is 'http://10.0.0.2:0'"),
+    ({"role": "worker", "router": ["http://10.0.0.2:8001"], "instance_ports": [8100]},
+     "'router' is ['http://10.0.0.2:8001']"),
+    ("[1, 2]", "not a JSON object"),
 ])
 def test_a_fleet_file_it_cannot_use_is_one_error_naming_the_field(machine: Path, fleet: object,
                                                                  why: str) -> None:
@@ -122,22 +136,23 @@ class Standin:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.busy_until = 0.0
+        self.answer = (200, "Successfully removed worker")  # what a POST gets
         standin = self
 
         class H(http.server.BaseHTTPRequestHandler):
             def log_message(self, *_: object) -> None:
                 pass
 
-            def _send(self, body: str) -> None:
+            def _send(self, body: str, status: int = 200) -> None:
                 b = body.encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(b)))
                 self.end_headers()
                 self.wfile.write(b)
 
             def do_POST(self) -> None:
                 standin.calls.append(self.path)
-                self._send("Successfully removed worker")
+                self._send(standin.answer[1], standin.answer[0])
 
             def do_GET(self) -> None:
                 n = 1 if time.monotonic() < standin.busy_until else 0
@@ -231,3 +246,16 @@ def test_an_instance_stop_leaves_through_its_own_port(machine: Path, standin: St
     f.unlink()
     r = subprocess.run([run, "--leave", "vllm-1"], env=env, capture_output=True, text=True)
     assert (r.returncode, r.stdout, r.stderr, len(standin.calls)) == (0, "", "", 1)
+
+
+def test_what_a_router_answers_is_printed_without_its_control_characters(
+        machine: Path, standin: Standin, tmp_path: Path) -> None:
+    """A router's error body reaches the journal and a terminal: its escape sequences do not."""
+    (machine / PATHS["fleet"].lstrip("/")).write_text(json.dumps(
+        {**WORKER, "router": f"http://127.0.0.1:{standin.port}", "instance_ports": [standin.port]}))
+    (machine / PATHS["leaving"].lstrip("/") / str(standin.port)).unlink(missing_ok=True)
+    standin.answer = (500, "\x1b]0;owned\x07bad\x1b[2J request\r\n")
+    r, _ = join_recording_nft(machine, tmp_path)
+    assert r.returncode == 1
+    assert "did not add" in r.stderr and "bad" in r.stderr and "request" in r.stderr
+    assert not any(ch in r.stderr for ch in "\x1b\x07\r"), repr(r.stderr)

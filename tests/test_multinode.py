@@ -164,7 +164,14 @@ def test_inference_run_starts_the_head_or_the_nodes_stage(machine: Path, tmp_pat
     ({**NODE, "rank": 2}, "'rank' is 2: write this node's place, 1 to 1"),
     ({**NODE, "head": "head.internal"}, "'head' is 'head.internal': write the head's private IPv4"),
     ({**HEAD, "network": "10.9.0.0/16"}, "no address of this machine is in 'network' 10.9.0.0/16"),
-    ({"role": "head"}, "'network' is None: write the private network the nodes share"),
+    ({"role": "head"}, "'network' is None: write the private IPv4 network the nodes share"),
+    # every port of the head opens to the network: never one holding a public address
+    ({**HEAD, "network": "203.0.113.0/20"}, "'network' is '203.0.113.0/20': write the private"),
+    ({**HEAD, "network": "0.0.0.0/0"}, "'network' is '0.0.0.0/0': write the private"),
+    ({**HEAD, "network": ["10.110.0.0/20"]}, "'network' is ['10.110.0.0/20']"),
+    ({**NODE, "rank": True}, "'rank' is True: write this node's place"),
+    ({**NODE, "head": "999.1.1.1"}, "'head' is '999.1.1.1': write the head's private IPv4"),
+    ({**NODE, "head": "8.8.8.8"}, "'head' is '8.8.8.8': write the head's private IPv4"),
 ])
 def test_a_machine_that_cannot_find_its_part_says_why_and_does_not_start(
         machine: Path, tmp_path: Path, fleet: object, why: str) -> None:

@@ -100,6 +100,40 @@ def test_a_mistyped_mode_keeps_tls(tmp_path: Path) -> None:
     assert " ssl " in _at(root, "public_listen").read_text()
 
 
+@pytest.mark.parametrize("word", ["o f f", "o\nff", "off\x1b[2J", "OFF"])
+def test_only_the_exact_word_turns_tls_off(tmp_path: Path, word: str) -> None:
+    r, root = _render(tmp_path), tmp_path / "root"
+    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").write_text(f"  {word}\n")
+    run = _boot(r, root)
+    assert run.returncode == 0 and "Keeping self-signed" in run.stderr
+    assert " ssl " in _at(root, "public_listen").read_text()
+    assert "\x1b" not in run.stderr  # said, not replayed to the terminal
+
+
+def test_the_certificate_names_the_addresses_and_globs_nothing(tmp_path: Path) -> None:
+    """`hostname -I` words that are no address (a `*` would glob the working directory's files
+    into the certificate) are left out."""
+    r, root = _render(tmp_path), tmp_path / "root"
+    bin_dir, cwd = tmp_path / "bin", tmp_path / "cwd"
+    bin_dir.mkdir()
+    cwd.mkdir()
+    (cwd / "evil.example").write_text("")
+    (bin_dir / "hostname").write_text('#!/bin/sh\n[ "$1" = -I ] && echo "10.0.0.7 * 2001:db8::7"'
+                                      ' || echo worker-1\n')
+    (bin_dir / "hostname").chmod(0o755)
+    run = subprocess.run(["bash", str(r / "usr/local/sbin/inference-firstboot")], cwd=cwd,
+                         env={**os.environ, "INFERENCE_ROOT": str(root),
+                              "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    text = subprocess.run(["openssl", "x509", "-in", str(_at(root, "tls_cert")), "-noout", "-ext",
+                           "subjectAltName"], capture_output=True, text=True, check=True).stdout
+    assert "IP Address:10.0.0.7" in text and "IP Address:2001:DB8:0:0:0:0:0:7" in text
+    assert "evil" not in text and "*" not in text
+    assert json.loads(_at(root, "endpoint").read_text())["url"] == "https://10.0.0.7:8000"
+
+
 def test_nginx_cannot_listen_without_first_boot(tmp_path: Path) -> None:
     conf = (_render(tmp_path) / "etc/nginx/conf.d/inference-image.conf").read_text()
     # a glob include would let nginx start with no listen line (port 80, plain) before first boot
