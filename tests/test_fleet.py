@@ -13,6 +13,7 @@ import json
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,9 @@ class StandinApi:
         self.droplets: dict[int, dict[str, Any]] = {}
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.fail: dict[str, int] = {}
+        # "METHOD /path" -> what that route answers instead, once (a misbehaving API)
+        self.mangle: dict[str, Any] = {}
+        self.dribble: set[str] = set()  # routes whose answer comes a byte a second
         self.reads: dict[int, int] = {}
         ids = itertools.count(1001)
         api = self
@@ -148,11 +152,20 @@ class StandinApi:
                 pass
 
             def _send(self, code: int, doc: Any = None) -> None:
+                key = f"{self.command} {urlparse(self.path).path}"
+                if key in api.mangle:
+                    doc = api.mangle.pop(key)
                 b = json.dumps(doc).encode() if doc is not None else b""
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(b)))
                 self.end_headers()
+                if key in api.dribble:
+                    for i in range(len(b)):
+                        self.wfile.write(b[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(1)
+                    return
                 self.wfile.write(b)
 
             def _route(self, method: str) -> None:
@@ -373,3 +386,35 @@ def test_a_multi_node_up_that_fails_part_way_leaves_nothing(api: StandinApi, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "what this run had made is removed again" in err[0], err
     assert not api.droplets and not api.firewalls
+
+
+@pytest.mark.parametrize(("route", "answer", "why"), [
+    ("POST /v2/droplets", {"droplet": {}}, "droplets.create: an answer this tool cannot use "
+     "(droplets: Field required)"),
+    ("POST /v2/droplets", {"droplets": []}, "droplets.create: an answer this tool cannot use "
+     "(droplets: List should have at least 1 item"),
+    ("POST /v2/droplets", {"droplets": [{"id": 1, "name": "r\x1b[2J"}]},
+     "droplets.create: an answer this tool cannot use (droplets.0.name"),
+    ("POST /v2/firewalls", {"firewall": {"id": 7}}, "firewalls.create: an answer this tool "
+     "cannot use (firewall.id"),
+    ("POST /v2/firewalls", [1, 2], "firewalls.create: an answer this tool cannot use"),
+])
+def test_an_api_answer_without_what_up_reads_is_one_error_and_leaves_nothing(
+        api: StandinApi, capsys, route: str, answer: object, why: str) -> None:
+    api.mangle[route] = answer
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and why in err[0], err
+    assert "what this run had made is removed again" in err[0] and "\x1b" not in err[0]
+    assert not api.droplets and not api.firewalls
+
+
+def test_an_api_that_trickles_its_answer_is_given_up_on(api: StandinApi, capsys,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet, "API_DEADLINE_S", 2.0)
+    api.dribble.add("GET /v2/droplets")
+    t0 = time.monotonic()
+    assert cli.main(["fleet", "status", str(EXAMPLE)]) == 1
+    assert time.monotonic() - t0 < 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: DigitalOcean API droplets.list: no whole answer within 2 s"], err

@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, ValidationError
 
 from .profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
 from .render import PATHS
@@ -414,15 +416,122 @@ def client() -> Any:
     return pydo.Client(token=token, **({"endpoint": endpoint} if endpoint else {}))
 
 
+# What `fleet` reads of DigitalOcean's answers, typed: an answer without these fields, or with a
+# name or address that is not one, is an error of the call that got it (and `up` removes what it
+# made), never a KeyError later or a terminal escape printed.
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+DropletName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")]
+
+
+class _Net(_Answer):
+    ip_address: IPvAnyAddress
+    type: str
+
+
+class _Networks(_Answer):
+    v4: list[_Net] = []
+
+
+class _Droplet(_Answer):
+    id: int
+    name: DropletName
+    status: str = ""
+    tags: list[str] = []
+    networks: _Networks = _Networks()
+
+
+class _Firewall(_Answer):
+    id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9-]{1,64}$")]
+    name: DropletName
+
+
+class _Vpc(_Answer):
+    ip_range: Annotated[str, StringConstraints(pattern=r"^[0-9.]{7,15}/[0-9]{1,2}$")]
+    region: str = ""
+    default: bool = False
+
+
+class _Made(_Answer):
+    droplets: list[_Droplet] = Field(min_length=1)
+
+
+class _DropletOne(_Answer):
+    droplet: _Droplet
+
+
+class _Droplets(_Answer):
+    droplets: list[_Droplet] = []
+
+
+class _FirewallOne(_Answer):
+    firewall: _Firewall
+
+
+class _Firewalls(_Answer):
+    firewalls: list[_Firewall] = []
+
+
+class _VpcOne(_Answer):
+    vpc: _Vpc
+
+
+class _Vpcs(_Answer):
+    vpcs: list[_Vpc] = []
+
+
+ANSWERS: dict[str, type[_Answer]] = {
+    "droplets.create": _Made, "droplets.get": _DropletOne, "droplets.list": _Droplets,
+    "firewalls.create": _FirewallOne, "firewalls.list": _Firewalls, "vpcs.get": _VpcOne,
+    "vpcs.list": _Vpcs,
+}
+# a whole call, answer included: pydo's transport times each read, not an answer that trickles
+API_DEADLINE_S = 120.0
+
+
+class _Deadline(Exception):
+    pass
+
+
+def _raise_deadline(*_: object) -> None:
+    raise _Deadline
+
+
 def _call(c: Any, method: str, **kwargs: Any) -> Any:
-    """One API call; its failure as FleetError with DigitalOcean's own message."""
+    """One API call within API_DEADLINE_S, its answer read through ANSWERS[method] (as plain
+    data); a failure, a late or a malformed answer as FleetError with DigitalOcean's own message
+    or the field that is wrong."""
     group, name = method.split(".")
+    timed = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGALRM, _raise_deadline) if timed else None
     try:
-        return getattr(getattr(c, group), name)(**kwargs)
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, API_DEADLINE_S)
+        got = getattr(getattr(c, group), name)(**kwargs)
+    except _Deadline:
+        raise FleetError(f"DigitalOcean API {method}: no whole answer within {API_DEADLINE_S:.0f} s"
+                         ) from None
     except Exception as exc:  # azure.core's HttpResponseError / ServiceRequestError, and transport
         msg = getattr(getattr(exc, "response", None), "text", None)
         detail = msg() if callable(msg) else str(exc)
+        detail = re.sub(r"[\x00-\x1f\x7f]", " ", detail)
         raise FleetError(f"DigitalOcean API {method}: {detail.strip()[:300]}") from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, before)
+    shape = ANSWERS.get(method)
+    if shape is None:
+        return got
+    try:
+        return shape.model_validate(got).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the answer"
+        raise FleetError(f"DigitalOcean API {method}: an answer this tool cannot use ({where}: "
+                         f"{first['msg']})") from None
 
 
 def _address(d: dict[str, Any], kind: str) -> str | None:
@@ -455,6 +564,7 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
         return _up_group(p, c, say)
     calls = api_calls(p)
     made_fw: list[str] = []
+    before = {f["id"] for f in _fleet_firewalls(c, p)}
     try:
         method, kwargs, why = calls[0]
         router = _call(c, method, **kwargs)["droplets"][0]
@@ -470,7 +580,7 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
             made_fw.append(fw["id"])
             say(f"made firewall {fw['name']}")
     except FleetError as exc:
-        raise _undo(c, spec, made_fw, exc) from None
+        raise _undo(c, p, made_fw, exc, before) from None
     return {"router": router["name"], "public": public, "private": ip,
             "workers": [w["name"] for w in workers]}
 
@@ -502,6 +612,7 @@ def _up_group(p: Plan, c: Any, say: Callable[[str], None]) -> dict[str, Any]:
     """up() for a tier over several droplets: the head, then each node naming it, then the
     firewalls; a failure part-way removes what this run made."""
     made_fw: list[str] = []
+    before = {f["id"] for f in _fleet_firewalls(c, p)}
     try:
         network = _vpc_range(p, c)
         calls = api_calls(p, network=network)
@@ -521,17 +632,22 @@ def _up_group(p: Plan, c: Any, say: Callable[[str], None]) -> dict[str, Any]:
                 made_fw.append(fw["id"])
                 say(f"made firewall {fw['name']}")
     except FleetError as exc:
-        raise _undo(c, p.spec, made_fw, exc) from None
+        raise _undo(c, p, made_fw, exc, before) from None
     return {"router": head["name"], "public": public, "private": ip,
             "workers": [n["name"] for n in nodes]}
 
 
-def _undo(c: Any, spec: FleetSpec, made_fw: list[str], exc: FleetError) -> FleetError:
-    """Remove what a failed `up` made (its firewalls, the fleet's droplets by tag): the error to
+def _undo(c: Any, p: Plan, made_fw: list[str], exc: FleetError, before: set[str]) -> FleetError:
+    """Remove what a failed `up` made (its firewalls, by id and, where an answer did not say the
+    id, by the plan's names less those there before; the fleet's droplets by tag): the error to
     raise."""
-    for fid in made_fw:
-        _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
-    _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(spec)))
+    def firewalls() -> None:
+        for fid in [*made_fw, *(f["id"] for f in _fleet_firewalls(c, p)
+                                if f["id"] not in before and f["id"] not in made_fw)]:
+            _cleanup(lambda fid=fid: _call(c, "firewalls.delete", firewall_id=fid))
+
+    _cleanup(firewalls)
+    _cleanup(lambda: _call(c, "droplets.destroy_by_tag", tag_name=fleet_tag(p.spec)))
     return FleetError(f"{exc}; what this run had made is removed again")
 
 
