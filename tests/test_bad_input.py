@@ -4,6 +4,7 @@ is accepted with the bad value in the output, and none hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import shutil
@@ -241,3 +242,63 @@ def test_a_verify_host_that_is_no_host_is_refused(host: str) -> None:
     from inference_image.verify import VerifyError, parse_target
     with pytest.raises(VerifyError, match="--host"):
         parse_target(host, "root")
+
+
+def _misbehaving(handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_headers_dripped_a_byte_at_a_time_end_the_read_at_the_deadline() -> None:
+    """urllib's timeout bounds each read: headers a byte every half second never trip it. The one
+    HTTP client of the project bounds the whole exchange."""
+    from inference_image import bounded_http
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            for ch in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok":
+                self.wfile.write(bytes([ch]))
+                self.wfile.flush()
+                time.sleep(0.5)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = _misbehaving(Drip)
+    url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"/metrics: no whole answer within 2 s"):
+            bounded_http.fetch(url, deadline_s=2.0)
+        assert time.monotonic() - t0 < 4
+        with pytest.raises(OSError, match="not a port number"):
+            bounded_http.fetch("http://127.0.0.1:99999/x", deadline_s=1.0)
+        with pytest.raises(OSError, match="a space or control character"):
+            bounded_http.fetch("http://127.0.0.1:1/a b\r\nX: y", deadline_s=1.0)
+    finally:
+        srv.shutdown()
+
+
+def test_an_endless_answer_is_cut_at_its_cap() -> None:
+    from inference_image import bounded_http
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                while True:
+                    self.wfile.write(b"x" * 65536)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = _misbehaving(Endless)
+    try:
+        with pytest.raises(OSError, match="an answer of more than 1 MiB"):
+            bounded_http.fetch(f"http://127.0.0.1:{srv.server_address[1]}/", deadline_s=10.0,
+                               max_bytes=2**20)
+    finally:
+        srv.shutdown()

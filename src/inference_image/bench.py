@@ -20,11 +20,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import bounded_http
 from .inputs import InputError, read_text
 from .profiles import ProfileErrors, default_profiles_dir, resolve
 from .schema import SCENARIOS, Scenario, bad_scenario_spec, scenario_spec
@@ -360,17 +360,10 @@ def read_url(url: str, max_bytes: int = METRICS_MAX_BYTES, deadline_s: float | N
              ) -> bytes:
     """The body at `url`, whole within `deadline_s` (METRICS_DEADLINE_S) and at most `max_bytes`,
     else OSError: a server that answers a byte at a time, or without end, must not hold the run."""
-    deadline_s = deadline_s or METRICS_DEADLINE_S
-    end = time.monotonic() + deadline_s
-    buf = bytearray()
-    with urllib.request.urlopen(url, timeout=min(5.0, deadline_s)) as resp:
-        while chunk := resp.read1(65536):
-            buf += chunk
-            if len(buf) > max_bytes:
-                raise OSError(f"{url}: more than {max_bytes // 2**20} MiB")
-            if time.monotonic() > end:
-                raise TimeoutError(f"{url}: no whole answer in {deadline_s:g} s")
-    return bytes(buf)
+    got = bounded_http.fetch(url, deadline_s=deadline_s or METRICS_DEADLINE_S, max_bytes=max_bytes)
+    if got.status >= 400:
+        raise OSError(f"{url}: HTTP {got.status}")
+    return got.body
 
 
 def engine_counters(url: str | Sequence[str]) -> dict[str, float] | None:

@@ -11,12 +11,11 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_image.bounded_http import fetch
 from inference_image.cause import failure_cause
 
 from .proof_plan import ProofError
@@ -25,8 +24,7 @@ from .proof_plan import ProofError
 
 def serving(port: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-            return resp.status == 200
+        return fetch(f"http://127.0.0.1:{port}/health", deadline_s=2.0).status == 200
     except OSError:
         return False
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from inference_image.bench import read_url
 from inference_image.profiles import (
     Resolved,
     default_profiles_dir,
@@ -232,8 +233,7 @@ def parse_engine_steps(text: str) -> tuple[float, float]:
 
 
 def engine_steps(url: str) -> tuple[float, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        return parse_engine_steps(resp.read().decode())
+    return parse_engine_steps(read_url(f"{url}/metrics").decode(errors="replace"))
 
 
 def cache_prefix(url: str, model: str, tokens: int, prefix: int) -> None:
