@@ -1938,3 +1938,21 @@ def test_ready_options_belong_to_ready_steps(capsys: pytest.CaptureFixture[str])
     assert "ready steps only" in capsys.readouterr().err
     assert proof.step_problem(proof.Step("ready", starts=("hot",))) == \
         "starts: 'hot' is not one of cold, warm, bundle"
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["--trust-remote-code"], "args: --trust-remote-code runs Python from the model's repository"),
+    (["--enforce-eager", "/models/evil"], "vLLM would read it as the model"),
+    (["--tensor-parallel-size", "0"], "args: --tensor-parallel-size takes a GPU count, 1 to 8"),
+    (["--quantization", "awq"], "args: --quantization takes fp8"),
+    (["--host", "0.0.0.0"], "set by the render"),
+    ([7], "give vLLM's arguments as strings"),
+])
+def test_a_plans_vanilla_arguments_are_read_as_a_profiles_extra_args_are(
+        args: list[object], why: str) -> None:
+    with pytest.raises(proof.ProofError, match=re.escape(why)):
+        proof.Plan.from_json(json.dumps({"tier": "h200", "steps": [{"kind": "vanilla",
+                                                                     "args": args}]}))
+    ok = {"tier": "h200", "steps": [{"kind": "vanilla", "args": [
+        "--tensor-parallel-size", "2", "--quantization", "fp8", "--seed", "1"]}]}
+    assert proof.Plan.from_json(json.dumps(ok)).steps[0].args[-1] == "1"

@@ -14,6 +14,7 @@ from inference_image.memory import kv_bytes_per_token, weight_bytes
 from inference_image.profiles import (
     ProfileErrors,
     Resolved,
+    extra_args_problems,
     resolve,
 )
 from inference_image.schema import bad_scenario_spec
@@ -73,6 +74,36 @@ def step_problem(step: Step) -> str | None:
     if step.fp8_table and step.kind not in RENDERED:
         return (f"fp8_table: only {', '.join(RENDERED)} steps serve the profile's FP8 table; "
                 "drop it from this step")
+    if step.args and (why := vanilla_args_problem(step.args)):
+        return why
+    return None
+
+
+# what a vanilla start may set beside vLLM's defaults that a profile's extra_args may not (the
+# render owns them there): its GPUs and the FP8 that fits a 70B on one H200
+VANILLA_FLAGS = {"--tensor-parallel-size": (re.compile(r"[1-8]\Z"), "a GPU count, 1 to 8"),
+                 "--quantization": (re.compile(r"fp8\Z"), "fp8")}
+
+
+def vanilla_args_problem(args: tuple[str, ...]) -> str | None:
+    """Why a plan's vanilla `args` cannot be given to vLLM: read as a profile's extra_args are
+    (the same allowlist), plus VANILLA_FLAGS."""
+    if not all(isinstance(a, str) for a in args):
+        return f"args: {list(args)!r}: give vLLM's arguments as strings"
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in VANILLA_FLAGS:
+            pattern, what = VANILLA_FLAGS[args[i]]
+            if i + 1 >= len(args) or not pattern.match(args[i + 1]):
+                return f"args: {args[i]} takes {what}"
+            i += 2
+            continue
+        rest.append(args[i])
+        i += 1
+    if problems := extra_args_problems(rest):
+        _, why, fix = problems[0]
+        return f"args: {why}. Fix: {fix}"
     return None
 STANDIN = Path(__file__).resolve().parent / "standin"
 # Profile settings that change only the host's side, never what the engine compiles (the plugin's
