@@ -343,8 +343,8 @@ def list_tiers(profiles_dir: Path) -> list[str]:
 
 def _rel(path: Path) -> str:
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+        return str(Path(os.path.abspath(path)).relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):  # elsewhere, or no working directory: as given
         return str(path)
 
 
@@ -381,7 +381,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
             [ProfileError(_rel(path), "", f"YAML syntax error at {where}", "fix the YAML syntax")]
         ) from None
     if data is None:
-        data = {}
+        raise ProfileErrors([ProfileError(_rel(path), "", "the file is empty",
+                                          "write its `key: value` settings")])
     if not isinstance(data, dict):
         raise ProfileErrors(
             [ProfileError(_rel(path), "", "the file is not a mapping", "write `key: value` pairs")]
@@ -414,12 +415,12 @@ def _mark(d: dict[str, Any], prov: dict[str, str], src: str, prefix: str) -> Non
 
 
 def _load_chain(path: Path, prov: dict[str, str], chain: list[Path]) -> dict[str, Any]:
+    data = read_yaml(path)  # first: a file that cannot be read (a link loop) is said as such
     if path.resolve() in [c.resolve() for c in chain]:
         raise ProfileErrors(
             [ProfileError(_rel(path), "extends", "extends loops back to itself", "break the cycle")]
         )
     chain.append(path)
-    data = read_yaml(path)
     parent = data.pop("extends", None)
     merged: dict[str, Any] = {}
     if parent is not None:

@@ -229,8 +229,10 @@ def record(run: int, date: str, note: str, machines: list[str],
         if name in docs:
             raise ProofError(f"--machine {name}: named twice; give each machine its own name")
         try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            doc = json.loads(read_text(Path(path), "proof.json", 256 * 2**20))
+        except InputError as exc:
+            raise ProofError(f"--machine {name}={path}: {exc.why}. Fix: {exc.fix}") from None
+        except (ValueError, RecursionError) as exc:
             raise ProofError(f"--machine {name}={path}: not a proof.json ({exc})") from None
         # a machine may hold traces or a tune only: measured all the same
         if not isinstance(doc, dict) or not any(doc.get(k) for k in MEASURED):

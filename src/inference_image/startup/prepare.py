@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Iterable
@@ -102,11 +103,32 @@ for arch in sys.argv[1:]:
 INSPECT_TIMEOUT_S = 900
 
 
+UNIT_FILE_MAX = 2**20
+
+
+def read_small(path: Path, what: str, max_bytes: int = UNIT_FILE_MAX) -> str:
+    """A small text file the machine's own files name (a unit's environment or arguments, a
+    model's config.json): a regular file of at most `max_bytes` in UTF-8, else BundleError naming
+    it (a FIFO or a device would hang the read, a huge file fill the memory)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{what} {path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise BundleError(f"{what} {path}: larger than {max_bytes // 1024} KiB")
+        with open(path, "rb") as f:
+            return f.read(max_bytes + 1).decode("utf-8")
+    except OSError as exc:
+        raise BundleError(f"{what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BundleError(f"{what} {path}: not UTF-8 text") from None
+
+
 def unit_environ(env_file: Path) -> dict[str, str]:
     """A unit's environment file (KEY=VALUE lines, as the render writes them) under this process's
     environment: a variable already set here wins, as in inference-run."""
     env: dict[str, str] = {}
-    for line in env_file.read_text(encoding="utf-8").split("\n"):
+    for line in read_small(env_file, "--env").split("\n"):
         key, eq, value = line.partition("=")
         if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             env[key] = value
@@ -118,7 +140,7 @@ def architectures(env: dict[str, str], args_file: Path | None) -> list[str]:
     (DRAFT_PATH), named as vLLM 0.26 names an EAGLE head's (EAGLEConfig)."""
     method = ""
     if args_file is not None:
-        argv = args_file.read_text(encoding="utf-8").split("\n")
+        argv = read_small(args_file, "--args").split("\n")
         for i, a in enumerate(argv[:-1]):
             if a == "--speculative-config":
                 with contextlib.suppress(ValueError, AttributeError):
@@ -129,8 +151,9 @@ def architectures(env: dict[str, str], args_file: Path | None) -> list[str]:
         if not folder:
             continue
         try:
-            names = json.loads((Path(folder) / "config.json").read_text()).get("architectures")
-        except (OSError, ValueError, AttributeError) as exc:
+            names = json.loads(read_small(Path(folder) / "config.json", f"{var}'s")
+                               ).get("architectures")
+        except (ValueError, AttributeError, RecursionError) as exc:
             raise BundleError(f"{var}={folder}: no readable config.json ({exc})") from None
         for a in names if isinstance(names, list) else []:
             a = str(a)
