@@ -121,7 +121,7 @@ golden: setup ## rewrite tests/golden after an intended render change (review th
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
 
 gpu-proof-help: ## how to run the GPU proof (inference-lab proof) on the GPU machine
-	@sed -n '/^3. Run the proof/,/^Rules there/p' docs/gpu-machine.md
+	@sed -n '/^## 3\. Run the proof/,/^## 4\./p' docs/gpu-machine.md | sed '$$d'
 
 # ---- images (Packer) -------------------------------------------------------------------------
 BUILDER ?= digitalocean

@@ -114,9 +114,13 @@ def test_the_readmes_other_model_commands_run_as_written(tmp_path):
     directory instead of build/)."""
     readme = (ROOT / "README.md").read_text()
     (block,) = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "model.target=qwen" in b]
+    # the path `make setup` installs the CLI at (VENV ?= .venv): a bare `inference-image` after
+    # it is "command not found"
+    venv = re.search(r"^VENV \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert venv, "the Makefile names no VENV"
     for line in block.strip().splitlines():
         argv = shlex.split(line)
-        assert argv[0] == "inference-image", line
+        assert argv[0] == f"{venv[1]}/bin/inference-image", line
         argv = [str(tmp_path / "out") if a == "build/l40s-qwen" else a for a in argv[1:]]
         r = cli(*argv)
         assert r.returncode == 0, (line, r.stderr)

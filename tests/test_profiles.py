@@ -377,3 +377,15 @@ def test_every_listed_extra_flag_is_one_vllm_reads_and_none_the_render_owns() ->
     from inference_image.profiles import EXTRA_FLAGS
     assert not set(EXTRA_FLAGS) & (set(OWNED_FLAGS) | set(TRUST_FLAGS))
     assert all(FLAG_NAME.match(f) and f == f.lower() for f in EXTRA_FLAGS)
+
+
+def test_a_head_made_for_another_family_is_refused_naming_both_vocabularies() -> None:
+    """The README's other model on a tier whose EAGLE-3 head is made for Llama: the render would
+    point DRAFT_PATH at a head proposing Llama token ids to Qwen."""
+    with pytest.raises(ProfileErrors, match=r"model\.speculative\.draft: llama-3\.1-8b-eagle3 "
+                       r"proposes tokens of a 128256-token vocabulary; qwen2\.5-7b-instruct's "
+                       r"has 152064"):
+        resolve("h100", overrides=["model.target=qwen2.5-7b-instruct", "model.quantization=fp8"])
+    r = resolve("h100", overrides=["model.target=qwen2.5-7b-instruct", "model.quantization=fp8",
+                                   "model.speculative.method=none", "model.speculative.draft=null"])
+    assert r.draft is None

@@ -621,10 +621,14 @@ def _check(
                 f"use one of: {known}")
         else:
             draft = catalog.models[spec.draft]
-            if target and spec.method == "draft_model" and draft.vocab_size != target.vocab_size:
+            # a draft model or an EAGLE head proposes token ids of its target's vocabulary: one
+            # made for another family proposes tokens the target never accepts (or stops vLLM)
+            if target and draft.vocab_size != target.vocab_size:
                 err("model.speculative.draft",
-                    f"draft vocabulary {draft.vocab_size} differs from target {target.vocab_size}",
-                    "pick a draft from the target's model family")
+                    f"{spec.draft} proposes tokens of a {draft.vocab_size}-token vocabulary; "
+                    f"{m.target}'s has {target.vocab_size}",
+                    "pick a draft or head made for the target's model family, or set "
+                    "model.speculative.method: none")
     elif spec.draft is not None:
         err("model.speculative.draft", f"method {spec.method} uses no draft model",
             "remove the draft or set method: draft_model or eagle3")

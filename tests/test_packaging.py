@@ -1,0 +1,50 @@
+"""What a maintainer installs is what the code imports: every third-party module src/ imports is
+declared in pyproject.toml (a dependency or an extra) and pinned in requirements.txt."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+
+from conftest import ROOT
+
+# import name -> distribution name, where they differ
+DIST = {"yaml": "pyyaml"}
+# imported only where vLLM runs (the GPU machine's lab, the stand-ins), never installed by setup
+GPU_SIDE = {"vllm", "torch", "inference_image_vllm", "proof_stacks"}
+
+
+def imported() -> set[str]:
+    names: set[str] = set()
+    for f in (ROOT / "src").rglob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Import):
+                names |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                names.add(n.module.split(".")[0])
+    return {m for m in names if m not in sys.stdlib_module_names
+            and m not in ("inference_image", "inference_lab", "__future__")}
+
+
+def test_every_module_src_imports_is_declared_and_pinned() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = [*project["dependencies"],
+             *(d for extra in project.get("optional-dependencies", {}).values() for d in extra)]
+    declared = {re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in specs}
+    pinned = {ln.split("==")[0].split("[")[0].lower()
+              for ln in (ROOT / "requirements.txt").read_text().splitlines()
+              if "==" in ln and not ln.startswith("#")}
+    wanted = {DIST.get(m, m) for m in imported() - GPU_SIDE}
+    assert wanted, "no third-party import found: the scan is broken"
+    assert wanted - declared == set(), f"imported, not in pyproject.toml: {wanted - declared}"
+    assert wanted - pinned == set(), f"imported, not pinned in requirements.txt: {wanted - pinned}"
+
+
+def test_the_gpu_proof_help_prints_the_proof_section() -> None:
+    out = subprocess.run(["make", "-s", "gpu-proof-help"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("## 3. Run the proof"), out[:200]
+    assert "inference-lab proof" in out and "## 4." not in out
