@@ -50,13 +50,13 @@ BALANCED_S = 120     # vllm-router takes a failed instance back ~60 s after its 
 def _under_load(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public, fault: str,
                 load_s: int = LOAD_S, goes_down: bool = False) -> dict[str, Any]:
     """One script on the machine: load through the public port, the fault, the wait for an
-    answer, the counts. A client that gets an error waits 0.1 s before its next request, as a
-    client with back-off would (the count is of requests, not of a tight loop's spins).
+    answer, the counts. A client that gets an error waits a tenth of a second before its next
+    request, as a client with back-off would (the count is of requests, not of a tight loop's spins).
 
     goes_down: a fault queued with --no-block takes effect later; "back" then counts only once
     the endpoint has stopped answering (within 60 s, else back_s stays None), or a poll that
-    beats the stop reads the old stack as back (0.48 s for a restart whose clients then got 431
-    answers of 503, 2026-11-27)."""
+    beats the stop reads the old stack as back (a restart whose clients then got hundreds of
+    503 answers read as back within a second)."""
     body = json.dumps({"model": profile["served_model_name"], "prompt": "hello", "max_tokens": 4,
                        "temperature": 0})
     script = f"""
@@ -408,8 +408,8 @@ AFTER_S = 5  # load kept up after the endpoint is back
 
 
 class Load:
-    """WORKERS clients off the machine, each sending short completions in a loop (0.1 s back-off
-    after an error), to an address that may change across the reboot. Together they stay at half
+    """WORKERS clients off the machine, each sending short completions in a loop (a tenth of a second's
+    back-off after an error), to an address that may change across the reboot. Together they stay at half
     the profile's per-address rate limit: a 429 here would be the limit working, not the reboot."""
 
     def __init__(self, public: Public, cert_pem: str, key: str, model: str, addr: str,

@@ -81,9 +81,9 @@ def test_sampled_requests_answer_and_leave_the_instances_up(
         root: Any, profile: dict[str, Any], api_key: HostKey, public: Public,
         sampling: dict[str, float]) -> None:
     """vLLM 0.26 filters top-p and top-k with FlashInfer on NVIDIA GPUs unless told not to, and
-    FlashInfer builds that kernel with nvcc, which no image has: run 50's engine did not start,
-    its own warm-up of that sampler failing. Here every kind of request is answered and every
-    instance still serves after it."""
+    FlashInfer builds that kernel with nvcc, which no image has: the engine did not start on the
+    GPU machine, its own warm-up of that sampler failing (docs/benchmarks.md#run-50). Here every
+    kind of request is answered and every instance still serves after it."""
     body = {"model": profile["served_model_name"], "max_tokens": 16, **sampling,
             "messages": [{"role": "user", "content": "Name a prime number."}]}
     r = http(root, public, "/v1/chat/completions", key=api_key, method="POST", body=body)

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT
 
 # a run number, a ratio against something, a rate, a share, a time with a decimal
-FIGURE = re.compile(r"\bruns? \d+\b|\b\d+\.\d+x\b|\btok/s\b|\b\d+(\.\d+)? ?%|\b\d+\.\d+ (ms|s|us)\b")
+FIGURE = re.compile(r"\bruns? \(?\d+\b|\b\d+\.\d+x\b|\btok/s\b|\b\d+(\.\d+)? ?%|"
+                    r"\b\d+\.\d+ ?(ms|s|us|GiB|GB)\b", re.I)
 COMMENT = re.compile(r"(?:^|\s)#(?!!)(.*)$|\{#(.*?)#\}", re.S)
 
 
@@ -44,10 +45,11 @@ def test_the_rule_finds_what_it_is_for(tmp_path: Path) -> None:
 
 # Python: a run number, a measured ratio or a measured time (units and thresholds such as "tok/s"
 # or "10 %" name what is measured, not a measurement)
-PY_FIGURE = re.compile(r"\bruns? \d+\b(?! \+)|\b\d+\.\d+x\b|\b\d+\.\d+ (ms|s|us)\b")
+PY_FIGURE = re.compile(r"\bruns? \(?\d+\b(?! \+)|\b\d+\.\d+x\b|\b\d+\.\d+ ?(ms|s|us|GiB|GB)\b",
+                       re.I)
 PY_FILES = sorted(p for d in ("src/inference_image", "src/inference_lab",
-                            "plugins/vllm/inference_image_vllm")
-                  for p in (ROOT / d).rglob("*.py"))
+                            "plugins/vllm/inference_image_vllm", "image_tests", "scripts")
+                  for p in (ROOT / d).rglob("*.py") if "golden" not in p.parts)
 
 
 def python_notes(path: Path) -> list[tuple[int, str]]:
@@ -73,5 +75,6 @@ def test_no_run_number_or_measured_figure_in_the_python(path: Path) -> None:
 def test_the_python_rule_finds_what_it_is_for(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text('"""Fast (run 37: 3.30 ms)."""\nX = 1  # each step runs 1 + k tokens\n'
-                 'Y = 2  # 1.4x vanilla\n')
-    assert sorted(i for i, t in python_notes(f) if PY_FIGURE.search(t)) == [1, 3]
+                 'Y = 2  # 1.4x vanilla\nZ = 3  # every multi-GPU Run (42-47)\n'
+                 'W = 4  # it used 61.7 GiB\n')
+    assert sorted(i for i, t in python_notes(f) if PY_FIGURE.search(t)) == [1, 3, 4, 5]

@@ -349,9 +349,9 @@ def _rel(path: Path) -> str:
 
 
 # GiB a GPU left outside vLLM's share (gpu_memory_utilization) at tensor parallelism > 1: NCCL's
-# buffers and the all-reduces inside CUDA graph capture, which vLLM's own estimate missed. Run 47
-# (h100x8 on two H100 80GB, the 70B with its head, graphs to 2048 tokens): 6.4 GiB ran out at
-# start, 9.55 started and served. The least measured to start, not a bound derived from vLLM.
+# buffers and the all-reduces inside CUDA graph capture, which vLLM's own estimate missed. The
+# least the h100x8 tier needed to start on two H100s, not a bound derived from vLLM
+# (docs/benchmarks.md#run-47).
 TP_OUTSIDE_MIN_GIB = 9.5
 
 # A profile is a page of settings: limits far above any real one, far below what hangs a loader.

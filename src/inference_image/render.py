@@ -289,7 +289,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         if p.hardware.nvswitch:
             # NVLink multicast needs fabric manager state we cannot verify, in NCCL and in torch's
             # symmetric memory, whose all-reduce vLLM 0.26 takes by default where multicast
-            # works; every multi-GPU run (42-47) measured vLLM's own and NCCL's all-reduces
+            # works; the multi-GPU runs measured vLLM's own and NCCL's all-reduces
+            # (docs/benchmarks.md#run-42 to #run-47)
             env["NCCL_NVLS_ENABLE"] = "0"
             env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
             env["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"

@@ -6,9 +6,9 @@ of the group. An EAGLE-3 head whose KV heads match the target's joins the target
 its query heads differ: Llama 3.3 70B's head has 48 to the target's 64 (24 and 32 a GPU at TP=2).
 FA3 checks the schedule against the call's own heads and splits, and where that head's call would
 split its keys otherwise than the target's, the draft's forward raises "scheduler_metadata must
-have shape (metadata_size)" and the engine dies. Run 43: the h100x8 tier's instance with EAGLE-3
-at TP=2 died at its first chat prompt alone, and its probe found two such prompt lengths, 528 and
-544 tokens of 16-4096 (none at TP=1; docs/benchmarks.md). A step replayed from a CUDA graph does
+have shape (metadata_size)" and the engine dies: the h100x8 tier's instance with EAGLE-3 at
+TP=2 died at its first chat prompt alone, and a probe of prompt lengths found such lengths at
+TP=2 and none at TP=1 (docs/benchmarks.md#run-43). A step replayed from a CUDA graph does
 not check: it hands the head's call the schedule computed for the target's heads.
 
 This stamps each metadata with the heads its schedule was computed for, and a FlashAttention layer
