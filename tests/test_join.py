@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import threading
 import time
@@ -259,3 +260,22 @@ def test_what_a_router_answers_is_printed_without_its_control_characters(
     assert r.returncode == 1
     assert "did not add" in r.stderr and "bad" in r.stderr and "request" in r.stderr
     assert not any(ch in r.stderr for ch in "\x1b\x07\r"), repr(r.stderr)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "directory"])
+def test_the_fleet_file_is_read_bounded_by_its_one_reader(tmp_path: Path, kind: str) -> None:
+    """inference-join's reading is inference_image.startup.fleetfile: a FIFO, a huge file or a
+    folder written where the fleet file belongs is one error, never a hang."""
+    from inference_image.startup.fleetfile import FleetFileError, role_line
+    f = tmp_path / "fleet.json"
+    if kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "huge":
+        f.write_text(json.dumps({**WORKER, "pad": "x" * 2**20}))
+    else:
+        f.mkdir()
+    with pytest.raises(FleetFileError, match=str(f)):
+        role_line(f, "join", 1)
+    f2 = tmp_path / "ok.json"
+    f2.write_text(json.dumps(WORKER))
+    assert role_line(f2, "join", 1) == "worker http://10.0.0.2:8001 8100"

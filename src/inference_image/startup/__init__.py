@@ -23,6 +23,7 @@ compiles as on a fresh machine. A check never fails a start.
     inference-startup ready INSTANCE --endpoint F                   a start's phases, once it serves
     inference-startup status INSTANCE                               what a start is doing now
     inference-startup phases [--since-monotonic S] < LOG            a start's phases (JSON)
+    inference-startup fleet-role FILE [--mode M] [--nodes N]        a machine's part in a fleet
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 from . import __doc__ as USAGE
 from .anatomy import anatomy, journal_lines, ready, status
 from .bundle import BundleError, check, describe, install, machine_key, make
+from .fleetfile import FleetFileError, role_line
 from .prepare import inspect_models, prefetch, prefetch_roots
 
 # ---- command line ----------------------------------------------------------------------------
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", required=True, type=Path, help="the unit's environment file")
     p.add_argument("--args", type=Path, help="the unit's arguments file")
     p.add_argument("--owner", help="the user the instances run as")
+    p = sub.add_parser("fleet-role", help="this machine's part in a fleet, from its fleet file, "
+                       "as one line (inference-join's reading)")
+    p.add_argument("fleet", type=Path)
+    p.add_argument("--mode", default="join", help="inference-join's mode (join, --role, ...)")
+    p.add_argument("--nodes", type=int, default=1, help="machines one instance spans")
     p = sub.add_parser("ready", help="a vLLM unit's start that just became ready: its phases to "
                        "the journal and the machine's endpoint.json (ExecStartPost)")
     p.add_argument("instance")
@@ -91,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{time.monotonic() - t0:.1f} s")
         elif args.cmd == "inspect":
             print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
+        elif args.cmd == "fleet-role":
+            try:
+                print(role_line(args.fleet, args.mode, args.nodes))
+            except FleetFileError as exc:
+                print(exc, file=sys.stderr)
+                return 1
         elif args.cmd == "ready":
             try:
                 line = ready(args.instance, args.endpoint)

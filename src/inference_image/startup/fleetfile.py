@@ -1,0 +1,107 @@
+"""A machine's part in a fleet, read from its fleet file (user-data writes it; `inference-image
+fleet` makes it): the one reader of that file, for inference-join and, through it, inference-run.
+Everything in it is checked before it is used: a head opens every port of the machine to its
+`network`, so that must be a private IPv4 network; addresses are private IPv4 addresses, ports
+and ranks integers in range."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .prepare import read_small
+
+FLEET_FILE_MAX = 64 * 1024
+
+
+class FleetFileError(Exception):
+    """What is wrong with the fleet file, in one line."""
+
+
+def private_ipv4(text: object) -> ipaddress.IPv4Address | None:
+    """An IPv4 address of a private network (RFC 1918 and the like), or None."""
+    try:
+        a = ipaddress.IPv4Address(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return a if a is not None and a.is_private else None
+
+
+def addresses() -> list[tuple[str, ipaddress.IPv4Interface]]:
+    """(interface, address/prefix) of each global IPv4 address of this machine."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"],
+                         capture_output=True, text=True, check=True).stdout
+    return [(dev, ipaddress.IPv4Interface(a))
+            for dev, a in re.findall(r"^\d+: (\S+)\s+inet ([0-9./]+)", out, re.M)]
+
+
+def _group(d: dict[str, Any], role: str, nodes: int) -> str:
+    if nodes == 1:
+        raise FleetFileError(f"'role' is {role!r}, but this image's instance serves on one "
+                             "machine (serving.nodes: 1): write worker or router")
+    if role == "head":
+        try:
+            net = ipaddress.IPv4Network(d.get("network", ""))
+        except (ValueError, TypeError):
+            net = None
+        # every port of this machine opens to it: a private network only (none of the machine's
+        # public addresses, nobody's on the internet)
+        if net is None or not net.is_private:
+            raise FleetFileError(f"'network' is {d.get('network')!r}: write the private IPv4 "
+                                 "network the nodes share, e.g. 10.110.0.0/20")
+        mine = [(dev, a) for dev, a in addresses() if a.ip in net]
+        if not mine:
+            raise FleetFileError(f"no address of this machine is in 'network' {net}")
+        rank, head = 0, str(mine[0][1].ip)
+    else:
+        rank, head = d.get("rank"), d.get("head", "")
+        if type(rank) is not int or not 0 < rank < nodes:
+            raise FleetFileError(f"'rank' is {rank!r}: write this node's place, 1 to {nodes - 1}")
+        if private_ipv4(head) is None:
+            raise FleetFileError(f"'head' is {head!r}: write the head's private IPv4 address")
+        route = subprocess.run(["ip", "-o", "route", "get", str(head)], capture_output=True,
+                               text=True, check=False).stdout
+        m = re.search(r" src ([0-9.]+)", route)
+        if not m:
+            raise FleetFileError(f"no route from this machine to the head {head}")
+        mine = [(dev, a) for dev, a in addresses() if str(a.ip) == m.group(1)]
+        if not mine:
+            raise FleetFileError(f"no interface has this machine's address {m.group(1)}")
+    dev, a = mine[0]
+    return f"{role} {rank} {head} {a.ip} {dev} {a.network}"
+
+
+def role_line(fleet: Path, mode: str, nodes: int) -> str:
+    """One line: ROLE [ROUTER PORT... | NETWORK... | RANK HEAD ADDRESS INTERFACE NETWORK]."""
+    try:
+        d = json.loads(read_small(fleet, "fleet file", FLEET_FILE_MAX))
+    except (ValueError, RecursionError) as exc:
+        raise FleetFileError(f"not a JSON object: {exc}") from None
+    except Exception as exc:  # BundleError: not a file it can read
+        raise FleetFileError(str(exc)) from None
+    if not isinstance(d, dict):
+        raise FleetFileError(f"not a JSON object: {type(d).__name__}")
+    role, router, ports = d.get("role"), d.get("router", ""), d.get("instance_ports", [])
+    if role == "router":
+        if mode != "join":
+            return "router"  # the role alone: the networks are the join's, not every start's
+        # the private networks of its addresses (a DigitalOcean VPC, a podman net)
+        return " ".join(["router", *sorted({str(a.network) for _, a in addresses()
+                                            if a.ip.is_private})])
+    if role in ("head", "node"):
+        return _group(d, role, nodes)
+    if role != "worker":
+        raise FleetFileError(f"'role' is {role!r}: write worker, router, head or node")
+    m = re.fullmatch(r"http://([0-9.]{7,15}):([0-9]{1,5})", router) \
+        if isinstance(router, str) else None
+    if not m or private_ipv4(m[1]) is None or not 0 < int(m[2]) < 65536:
+        raise FleetFileError(f"'router' is {router!r}: write http://ROUTER_PRIVATE_IPV4:PORT")
+    if not isinstance(ports, list) or not ports or len(set(ports)) != len(ports) or \
+            not all(type(p) is int and 0 < p < 65536 for p in ports):
+        raise FleetFileError(f"'instance_ports' is {ports!r}: write the instance ports, "
+                             "e.g. [8100]")
+    return " ".join(["worker", router, *(str(p) for p in ports)])
