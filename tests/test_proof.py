@@ -1606,7 +1606,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                        (["--machine", f"a@nope={a}"], "nope"),
                        (["--machine", f"h@h100={h200}"], r"holds tier h200's steps. Fix: write h="),
                        (["--machine", f"a={a}", "--machine", f"a={b}"], "a: named twice"),
-                       (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*: not a proof.json"),
+                       (["--machine", f"x={tmp_path / 'none.json'}"], r"x=.*none\.json: not found. Fix: check the path"),
                        (["--machine", f"x={bad}"], "no bench rows, ready times, trace, tune"),
                        ([], "no --machine given"),
                        (["--machine", f"a={a}", "--note", " "], "--note is empty"),
