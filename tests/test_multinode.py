@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import itertools
 import json
+import shlex
 import signal
 import socket
 import subprocess
@@ -190,9 +191,9 @@ def test_a_head_or_node_file_on_a_one_machine_tier_is_refused(tmp_path: Path) ->
 
 # --- the head's and a node's watch: an instance whose other stages are gone starts again ---------
 
-def helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The Python that inference-run starts beside a Type=notify instance, as rendered for a
-    two-machine tier with short limits (the real ones are a minute)."""
+def helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The command inference-run starts beside a Type=notify instance, as rendered for a
+    two-machine tier with short limits (the real ones are a minute), less its per-start values."""
     monkeypatch.setitem(LIMITS, "stall_s", 2)
     monkeypatch.setitem(LIMITS, "stall_probe_every_s", 1)
     monkeypatch.setitem(LIMITS, "stall_poll_s", 0.3)
@@ -200,7 +201,12 @@ def helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     root = tmp_path / "fast"
     render(resolve("cpu", overrides=TWO), root)
     text = (root / PATHS["runner"].lstrip("/")).read_text()
-    return text.split("\n  ready='\n", 1)[1].split("\n'\n", 1)[0]
+    line = text.split('"${INFERENCE_ROOT:-}' + PATHS["startup"] + '" notify "$port"', 1)[1]
+    tail = line.split('--model="$served"', 1)[1].split("</dev/null", 1)[0]
+    limits = shlex.split(tail.replace("\\\n", " "))  # the command's continued lines
+    assert limits == ["--stall-s", "2", "--probe-every-s", "1", "--poll-s", "0.3",
+                      "--stop-timeout-s", "1"], limits
+    return [sys.executable, str(root / PATHS["startup"].lstrip("/")), "notify", *limits]
 
 
 class Instance(http.server.BaseHTTPRequestHandler):
@@ -242,13 +248,15 @@ def instance() -> Iterator[int]:
     srv.shutdown()
 
 
-def watched(tmp_path: Path, code: str, port: str, watch: str, main_argv: list[str] | None = None
+def watched(tmp_path: Path, command: list[str], port: str, watch: str,
+            main_argv: list[str] | None = None
             ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[str], socket.socket]:
     """A stand-in main process, the helper watching it, and the notify socket it reports to."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify"))
     main = subprocess.Popen(main_argv or ["sleep", "60"])
-    h = subprocess.Popen([sys.executable, "-c", code, port, watch, str(main.pid), "tiny-llama"],
+    h = subprocess.Popen([*command, port, f"--watch={watch}", "--pid", str(main.pid),
+                          "--model", "tiny-llama"],
                          env={"NOTIFY_SOCKET": str(tmp_path / "notify"), "INFERENCE_UNIT": "vllm-0",
                               "PATH": "/usr/bin:/bin"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from . import __doc__ as USAGE
+from . import notify
 from .anatomy import anatomy, journal_lines, ready, status
 from .bundle import BundleError, check, describe, install, machine_key, make
 from .fleetfile import FleetFileError, role_line
@@ -53,6 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("fleet", type=Path)
     p.add_argument("--mode", default="join", help="inference-join's mode (join, --role, ...)")
     p.add_argument("--nodes", type=int, default=1, help="machines one instance spans")
+    p = sub.add_parser("notify", help="beside a Type=notify instance: READY=1 once it answers, "
+                       "then the watch of a multi-machine instance's other stages")
+    p.add_argument("port")
+    p.add_argument("--watch", default="", help='"", "head" or "node:HOST:PORT"')
+    p.add_argument("--pid", type=int, required=True, help="the instance's process")
+    p.add_argument("--model", default="", help="the served model name (the head's probe)")
+    for name, default in (("stall-s", 60.0), ("probe-every-s", 30.0), ("poll-s", 5.0),
+                          ("stop-timeout-s", 15.0)):
+        p.add_argument(f"--{name}", type=float, default=default)
     p = sub.add_parser("ready", help="a vLLM unit's start that just became ready: its phases to "
                        "the journal and the machine's endpoint.json (ExecStartPost)")
     p.add_argument("instance")
@@ -97,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{time.monotonic() - t0:.1f} s")
         elif args.cmd == "inspect":
             print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
+        elif args.cmd == "notify":
+            notify.run(args.port, args.watch, args.pid, args.model,
+                       notify.Limits(args.stall_s, args.probe_every_s, args.poll_s,
+                                     args.stop_timeout_s))
         elif args.cmd == "fleet-role":
             try:
                 print(role_line(args.fleet, args.mode, args.nodes))
