@@ -63,3 +63,15 @@ def test_every_evidence_link_in_profiles_and_code_resolves() -> None:
                 if not page.is_file() or m[2] not in anchors(page):
                     broken.append(f"{f.relative_to(ROOT)}: {m[0]}")
     assert not broken, broken
+
+
+def test_the_profile_reference_is_the_schemas_own() -> None:
+    """docs/reference.md's profile fields are `inference-image profiles --fields`: every field of
+    the schema, described (a field without a description fails here)."""
+    from inference_image.schema import field_reference
+    text = (ROOT / "docs/reference.md").read_text()
+    block = text.split("<!-- profile-fields: begin -->\n", 1)[1].split("<!-- profile-fields: end -->")[0]
+    assert block == field_reference(), "paste `inference-image profiles --fields` into docs/reference.md"
+    undescribed = [ln.split("|")[1].strip() for ln in block.splitlines()[2:]
+                   if not ln.rstrip(" |").rsplit("|", 1)[-1].strip()]
+    assert undescribed == [], f"fields without a description: {undescribed}"

