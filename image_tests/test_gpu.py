@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -18,9 +19,12 @@ def plugin_lines() -> ModuleType:
     """The project's vLLM plugin package as this checkout has it (the lines its parts log: its
     __init__ imports nothing of vLLM or torch)."""
     init = project_root() / "plugins/vllm/inference_image_vllm/__init__.py"
-    spec = importlib.util.spec_from_file_location("inference_image_vllm_lines", init)
+    # a package, so that its own imports (the switches' names) resolve beside it
+    spec = importlib.util.spec_from_file_location("inference_image_vllm_lines", init,
+                                                  submodule_search_locations=[str(init.parent)])
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -630,7 +630,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for e in exc.errors:
                 print(f"error: {e}", file=sys.stderr)
             return 1
-        hourly = r.profile.digitalocean.price_per_gpu_hour * max(1, r.profile.hardware.gpu_count)
+        hourly = r.usd_per_hour
         model = model or r.profile.model.target
     if not model:
         print("error: --model is required without --profile. Fix: pass --model SERVED_NAME",

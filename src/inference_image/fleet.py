@@ -156,11 +156,6 @@ OUT_ALL = [*({"protocol": p, "ports": "all", "destinations": ANYWHERE} for p in 
            {"protocol": "icmp", "destinations": ANYWHERE}]  # icmp has no ports
 
 
-def _droplet_usd(r: Resolved) -> float:
-    # price_per_gpu_hour is per droplet on the cpu tier (no GPU)
-    return r.profile.digitalocean.price_per_gpu_hour * max(1, r.profile.hardware.gpu_count)
-
-
 def spans_nodes(p: Plan) -> int:
     """How many droplets the tier's one instance spans (serving.nodes); 1: a router and workers."""
     return p.tier.profile.serving.nodes
@@ -174,9 +169,9 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
         return _group_plan(spec, tier, router_tier, sid, source, region)
     rtag, wtag = role_tag(spec, "router"), role_tag(spec, "worker")
     droplets = [Droplet(f"{spec.name}-router", "router", router_tier.profile.digitalocean.size,
-                        _droplet_usd(router_tier))]
+                        router_tier.usd_per_hour)]
     droplets += [Droplet(f"{spec.name}-worker-{i}", "worker", tier.profile.digitalocean.size,
-                         _droplet_usd(tier)) for i in range(1, spec.workers + 1)]
+                         tier.usd_per_hour) for i in range(1, spec.workers + 1)]
     ports = instance_ports(tier)
     span = str(ports[0]) if len(ports) == 1 else f"{min(ports)}-{max(ports)}"
     firewalls = (
@@ -205,7 +200,7 @@ def _group_plan(spec: FleetSpec, tier: Resolved, router_tier: Resolved, sid: int
     if spec.workers != 1:
         raise FleetError(f"workers: {spec.workers}, but {spec.tier}'s instance spans {n} droplets "
                          "(serving.nodes), which serve it as one. Fix: set workers: 1")
-    size, usd = tier.profile.digitalocean.size, _droplet_usd(tier)
+    size, usd = tier.profile.digitalocean.size, tier.usd_per_hour
     droplets = [Droplet(f"{spec.name}-head", "head", size, usd)]
     droplets += [Droplet(f"{spec.name}-node-{i}", "node", size, usd) for i in range(1, n)]
     group = {"tags": [role_tag(spec, "group")]}

@@ -288,6 +288,12 @@ class Resolved:
         return fp8_available(self.profile.hardware.compute_capability)
 
     @property
+    def usd_per_hour(self) -> float:
+        """What one droplet of the tier costs an hour: price_per_gpu_hour a GPU, or a droplet on
+        the cpu tier (no GPU). Bench's cost per token and fleet's plan both read it."""
+        return self.profile.digitalocean.price_per_gpu_hour * max(1, self.profile.hardware.gpu_count)
+
+    @property
     def digest(self) -> str:
         """sha256 of the resolved profile and the catalog entries it uses: the profile hash.
         Fields in DIGEST_AT_DEFAULT are left out while they hold the value that serves as

@@ -28,6 +28,8 @@ import logging
 import os
 from collections.abc import Callable
 
+from . import switches
+
 logger = logging.getLogger("vllm.inference_image_vllm")  # under vLLM's configured logger
 
 # What a part logs once installed, spelled once: the image's gpu suite looks for these lines in the
@@ -71,32 +73,32 @@ def _on(name: str) -> bool:
 
 
 def enabled() -> bool:
-    return _on("INFERENCE_IMAGE_FP8_DISPATCH")
+    return _on(switches.FP8_DISPATCH)
 
 
 def triton_decode_tokens() -> int:
-    v = os.environ.get("INFERENCE_IMAGE_TRITON_DECODE_TOKENS", "0")
+    v = os.environ.get(switches.TRITON_DECODE_TOKENS, "0")
     return int(v) if v.isdigit() else 0
 
 
 def triton_decode_verify() -> bool:
-    return _on("INFERENCE_IMAGE_TRITON_DECODE_VERIFY")
+    return _on(switches.TRITON_DECODE_VERIFY)
 
 
 def early_first_token() -> bool:
-    return _on("INFERENCE_IMAGE_EARLY_FIRST_TOKEN")
+    return _on(switches.EARLY_FIRST_TOKEN)
 
 
 def own_decode_graphs() -> bool:
-    return _on("INFERENCE_IMAGE_DECODE_GRAPHS")
+    return _on(switches.DECODE_GRAPHS)
 
 
 def draft_schedule() -> bool:
-    return _on("INFERENCE_IMAGE_DRAFT_SCHEDULE")
+    return _on(switches.DRAFT_SCHEDULE)
 
 
 def empty_top_k() -> bool:
-    return _on("INFERENCE_IMAGE_EMPTY_TOP_K")
+    return _on(switches.EMPTY_TOP_K)
 
 
 def register() -> None:

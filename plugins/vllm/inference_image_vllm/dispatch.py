@@ -29,6 +29,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import switches
+
 if TYPE_CHECKING:
     import torch
 
@@ -118,7 +120,7 @@ def packaged_table() -> Path | None:
 def table() -> Table:
     global _table
     if _table is None:
-        path = os.environ.get("INFERENCE_IMAGE_FP8_TABLE")
+        path = os.environ.get(switches.FP8_TABLE)
         if not path:
             packaged = packaged_table()
             path = str(packaged) if packaged else None
