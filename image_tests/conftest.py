@@ -40,9 +40,6 @@ class Http:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "suite(name): smoke, gpu, hygiene, security, throughput, fleet, faults, "
-        "marketplace, acme")
     config.addinivalue_line("markers", "serving: needs the stack running, or the GPU itself")
 
 

@@ -21,7 +21,7 @@ from conftest import HostKey, port_open, wait_for
 
 from inference_image.render import FIREWALL_TABLE
 
-pytestmark = [pytest.mark.suite("acme"), pytest.mark.serving]
+pytestmark = pytest.mark.serving
 
 DOMAIN = "inference-acme.test"
 WORK = "/root/inference-acme-test"

@@ -38,7 +38,7 @@ from conftest import (
 
 from inference_image.cause import CPU_NO_MEMORY
 
-pytestmark = [pytest.mark.suite("faults"), pytest.mark.serving]
+pytestmark = pytest.mark.serving
 
 LOAD_S = 20          # seconds of load per fault
 KILL_AFTER_S = 5     # the fault comes this long into the load

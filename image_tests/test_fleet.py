@@ -20,7 +20,7 @@ from conftest import http, own_router_worker_fleet
 
 from inference_image.render import FIREWALL_TABLE
 
-pytestmark = [pytest.mark.suite("fleet"), pytest.mark.serving]
+pytestmark = pytest.mark.serving
 
 
 def workers(root: Any, port: int) -> list[str]:

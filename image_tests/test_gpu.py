@@ -12,8 +12,6 @@ import pytest
 
 from inference_image.profiles import project_root
 
-pytestmark = pytest.mark.suite("gpu")
-
 
 def plugin_lines() -> ModuleType:
     """The project's vLLM plugin package as this checkout has it (the lines its parts log: its

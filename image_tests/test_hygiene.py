@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 from conftest import pending_security_updates
 
-pytestmark = pytest.mark.suite("hygiene")
-
 HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{30,}")
 
 

@@ -17,8 +17,6 @@ from conftest import pending_security_updates
 
 from inference_image.profiles import SUPPORTED_RELEASES
 
-pytestmark = pytest.mark.suite("marketplace")
-
 NO_LOGIN = {"/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false", "/bin/sync"}
 HISTORIES = (".bash_history", ".python_history", ".mysql_history", ".lesshst", ".viminfo",
              ".wget-hsts", ".sh_history", ".zsh_history")

@@ -14,7 +14,6 @@ from conftest import Public
 
 from inference_image.profiles import project_root
 
-pytestmark = pytest.mark.suite("readme")
 README_URL = "https://127.0.0.1:8443"  # what `make boot` forwards the VM's public port to
 WORK = "/var/tmp/inference-image-readme"
 

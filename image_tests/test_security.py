@@ -16,7 +16,6 @@ from inference_image.render import EXPOSURE_CEILINGS, FIREWALL_TABLE
 
 # Most checks need the stack serving; the ones on files, the firewall and the ports closed to the
 # outside run on a build without its GPU too (the build validates every tier with this suite).
-pytestmark = pytest.mark.suite("security")
 
 # Every route vLLM's OpenAI server and vllm-router expose (and one that exists nowhere): each must
 # ask for the key on the public port. /metrics is included on purpose: metrics are scraped on the

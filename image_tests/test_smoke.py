@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public, http, traffic_per_instance, why_not_serving
 
-pytestmark = pytest.mark.suite("smoke")
-
 
 def units(profile: dict[str, Any]) -> list[str]:
     return (["inference.target", "vllm-router.service", "nginx.service"]

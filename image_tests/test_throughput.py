@@ -14,7 +14,7 @@ from conftest import HostKey, Public
 
 from inference_image.bench import SCENARIOS, bench_command, row_from_result, run_seed
 
-pytestmark = [pytest.mark.suite("throughput"), pytest.mark.serving]
+pytestmark = pytest.mark.serving
 
 
 @pytest.fixture(scope="module")

@@ -48,3 +48,10 @@ def test_the_gpu_proof_help_prints_the_proof_section() -> None:
                          text=True, check=True).stdout
     assert out.startswith("## 3. Run the proof"), out[:200]
     assert "inference-lab proof" in out and "## 4." not in out
+
+
+def test_verify_knows_every_image_suite_by_its_file() -> None:
+    """A suite is its file under image_tests/ (verify runs test_<suite>.py): no marker beside it."""
+    from inference_image.verify import SUITES
+    files = {p.stem.removeprefix("test_") for p in (ROOT / "image_tests").glob("test_*.py")}
+    assert set(SUITES) == files, set(SUITES) ^ files
