@@ -464,6 +464,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "vllm_package": v.vllm_package,
         "vllm_version": v.vllm,
         "vllm_torch_version": v.torch or "",
+        "vllm_cuda_version": v.cuda or "",
         "vllm_check_fa3": p.serving.flash_attention_3,
         "vllm_router_version": v.vllm_router,
         "models_list": models_list(r),

@@ -216,8 +216,8 @@ class Versions(Strict):
     torch: Version | None = Field(None, description="the torch release vLLM is built against")
     driver_branch: str | None = Field(None, pattern=r"^[0-9]{3}$",
                                       description="the NVIDIA driver branch installed and held")
-    cuda: Version | None = Field(None, description="the CUDA release of vLLM's torch build "
-                                 "(recorded in the image's version info)")
+    cuda: Version | None = Field(None, description="the CUDA release torch must be built for "
+                                 "(the vllm role checks it)")
     vllm_router: Version = Field(description="the vllm-router release in front of the instances")
 
 
