@@ -126,3 +126,17 @@ def test_the_readmes_other_model_commands_run_as_written(tmp_path):
         assert r.returncode == 0, (line, r.stderr)
     extra = (tmp_path / "out/ansible/extra-vars.json").read_text()
     assert '"Qwen/Qwen2.5-7B-Instruct"' in extra
+
+
+def test_validate_says_what_the_memory_bandwidth_allows_one_stream():
+    """hardware.memory_bandwidth_tbs is read: one stream's decode bound scales with it."""
+    def bound(*sets: str) -> int:
+        r = cli("validate", "h100", *(a for s in sets for a in ("--set", s)))
+        assert r.returncode == 0, r.stderr
+        m = re.search(r"one stream decodes at most ([0-9,]+) tok/s before speculation", r.stdout)
+        assert m, r.stdout
+        return int(m[1].replace(",", ""))
+
+    full, half = bound(), bound("hardware.memory_bandwidth_tbs=1.675")
+    assert abs(full - 2 * half) <= 1, (full, half)
+    assert bound("model.quantization=none") < full  # bf16 weights: twice the bytes a token

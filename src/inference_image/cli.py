@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __version__, bench, fleet, soak, verify
 from .inputs import InputError
+from .memory import decode_bytes_per_token
 from .profiles import (
     ProfileError,
     ProfileErrors,
@@ -82,9 +83,17 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def _summary(r: Resolved) -> str:
     if r.fit is None:
         return f"cpu, {r.profile.serving.instances} instance(s)"
-    f = r.fit
+    f, p = r.fit, r.profile
+    # one stream reads every weight a token (a 512-in, 512-out chat's mean context): the
+    # datasheet bandwidth over that bounds its decode, before speculation (tensor parallel GPUs
+    # read their shares at once; pipeline stages one after the other)
+    per_token = decode_bytes_per_token(r.target, p.model.quantization, p.model.kv_cache_dtype,
+                                       768) / p.serving.tensor_parallel_size
+    bound = p.hardware.memory_bandwidth_tbs * 1e12 / per_token
     return (f"{f.needed_gib:.1f} of {f.available_gib:.1f} GiB per GPU "
-            f"(weights {f.weights_gib:.1f}, draft {f.draft_gib:.1f}, KV {f.kv_gib:.1f})")
+            f"(weights {f.weights_gib:.1f}, draft {f.draft_gib:.1f}, KV {f.kv_gib:.1f}); one "
+            f"stream decodes at most {bound:,.0f} tok/s before speculation "
+            f"({p.hardware.memory_bandwidth_tbs:g} TB/s)")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
