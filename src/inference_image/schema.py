@@ -337,7 +337,7 @@ class Serving(Strict):
     cpu_kv_cache_gib: int | None = Field(None, ge=1, le=4096, description="cpu tier: VLLM_CPU_KVCACHE_SPACE")
     extra_args: list[str] = Field(
         [], description="vLLM flags the profile has no field for, from a list "
-        "(profiles.EXTRA_FLAGS), each with a value of its kind")
+        "(vllm_flags.EXTRA_FLAGS), each with a value of its kind")
 
 
 class Router(Strict):
