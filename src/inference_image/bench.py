@@ -521,7 +521,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         return ((r.get("config", ""),) if by_config else ()) + (r["scenario"], r["concurrency"])
     ia = {key(r): r for r in a["runs"]}
-    lines = ["| config | scenario | c | A tok/s | B tok/s | B/A | A TTFT p99 | B TTFT p99 | B/A |",
+    lines = ["| config | scenario | c | A tok/s | B tok/s | B/A | A TTFT p99 ms | B TTFT p99 ms "
+             "| B/A |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in b["runs"]:
         x = ia.get(key(r))

@@ -138,7 +138,8 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
         gpu = f"{gpu} (serials {', '.join('...' + str(x)[-6:] for x in info['serials'])})"
     lines = [f"{gpu or 'GPU not recorded (no info step)'}  vLLM "
              f"{info.get('vllm', 'not recorded')}  read BW "
-             f"{f'{bw} TB/s' if bw else 'not measured (no bandwidth step)'}",
+             f"{f'{bw} TB/s' if bw else 'not measured (no bandwidth step)'}  "
+             "(TTFT, p99, TPOT, ITL99: ms)",
              f"{'config':<18}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'p99':>8}{'TPOT':>7}"
              f"{'ITL99':>7}{'AL':>6}{'drafted':>8}"]
     roof = {}
