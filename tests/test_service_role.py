@@ -66,10 +66,19 @@ def test_the_archive_holds_the_listed_files_sorted_as_root_and_is_the_same_bytes
     assert (tmp_path / "three.tar").read_bytes() != (tmp_path / "one.tar").read_bytes()
 
 
+def role_tasks() -> list[dict[str, Any]]:
+    """The role's tasks in the order they run: main.yml with the files it imports in place."""
+    out: list[dict[str, Any]] = []
+    for task in yaml.safe_load((ROLE / "tasks" / "main.yml").read_text()):
+        part = task.get("ansible.builtin.import_tasks")
+        out += yaml.safe_load((ROLE / "tasks" / part).read_text()) if part else [task]
+    return out
+
+
 def the_install_tasks(root: Path) -> list[dict[str, Any]]:
     """The role's find of the rendered files and its tasks from packing to installing, with
     tar's --directory pointed at `root` (its directory task would make them under /)."""
-    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    tasks = role_tasks()
     names = [t["name"] for t in tasks]
     picked = [tasks[names.index(LISTED)], *tasks[names.index(FIRST):names.index(LAST) + 1]]
     for task in picked:
