@@ -46,6 +46,10 @@ def test_inference_startup_is_installed_as_its_source_is_and_runs_from_the_rende
         f.name for f in pkg.glob("*.py")} - {"launch.py"}
     for f in (lib / "startup").iterdir():
         assert f.read_text() == (pkg / f.name).read_text() and f.stat().st_mode & 0o777 == 0o644
+    # and the stdlib-only modules it imports from its parent (the bounded reader and client)
+    assert {f.name for f in lib.iterdir() if f.is_file()} == set(startup.SHIPPED_BESIDE)
+    for name in startup.SHIPPED_BESIDE:
+        assert (lib / name).read_text() == (pkg.parent / name).read_text()
     # the rendered launcher runs the rendered package, not the source tree's, and writes nothing
     (lib / "startup" / "cli.py").write_text(
         (lib / "startup" / "cli.py").read_text().replace('prog="inference-startup"',

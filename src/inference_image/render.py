@@ -142,8 +142,10 @@ def startup_files() -> dict[str, tuple[str, int]]:
     are (render-relative path: text, mode)."""
     pkg = Path(startup.__file__).parent
     lib = PurePosixPath(PATHS["startup_lib"].lstrip("/")) / "inference_image"
-    out = {PATHS["startup"].lstrip("/"): (startup.LAUNCHER.read_text(), 0o755),
-           str(lib / "__init__.py"): (Path(pkg.parent / "__init__.py").read_text(), 0o644)}
+    out = {PATHS["startup"].lstrip("/"): (startup.LAUNCHER.read_text(), 0o755)}
+    # the package's parent with the stdlib-only modules it imports (the bounded reader and client)
+    for name in startup.SHIPPED_BESIDE:
+        out[str(lib / name)] = ((pkg.parent / name).read_text(), 0o644)
     for f in sorted(pkg.glob("*.py")):
         if f != startup.LAUNCHER:
             out[str(lib / "startup" / f.name)] = (f.read_text(), 0o644)

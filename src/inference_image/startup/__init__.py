@@ -62,11 +62,38 @@ from .prepare import architectures, inspect_models, prefetch, prefetch_roots, un
 # the command a process runs for `inference-startup` from this source tree (the image's is
 # /usr/local/sbin/inference-startup, the same file)
 LAUNCHER = Path(__file__).with_name("launch.py")
+# what the image gets of inference_image besides this package: stdlib-only modules it imports
+SHIPPED_BESIDE = ("__init__.py", "inputs.py", "bounded_http.py")
 
 __all__ = [
-    "CACHE_PARTS", "KEY_FIELDS", "LAUNCHER", "MANIFEST", "MOMENTS", "PHASES", "REJECTED",
-    "REPORTED", "SAID", "BundleError", "anatomy", "architectures", "check", "describe", "doing",
-    "inspect_models", "install", "journal_lines", "key_differences", "machine_key", "make",
-    "prefetch", "prefetch_roots", "ready", "ready_report", "record_ready", "status",
-    "unit_environ", "vllm_site",
+    "CACHE_PARTS",
+    "KEY_FIELDS",
+    "LAUNCHER",
+    "MANIFEST",
+    "MOMENTS",
+    "PHASES",
+    "REJECTED",
+    "REPORTED",
+    "SAID",
+    "SHIPPED_BESIDE",
+    "BundleError",
+    "anatomy",
+    "architectures",
+    "check",
+    "describe",
+    "doing",
+    "inspect_models",
+    "install",
+    "journal_lines",
+    "key_differences",
+    "machine_key",
+    "make",
+    "prefetch",
+    "prefetch_roots",
+    "ready",
+    "ready_report",
+    "record_ready",
+    "status",
+    "unit_environ",
+    "vllm_site",
 ]

@@ -18,8 +18,9 @@ import signal
 import socket
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
+
+from ..bounded_http import fetch
 
 
 @dataclass
@@ -30,12 +31,9 @@ class Limits:
     stop_timeout_s: float = 15.0
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _get(port: str, path: str, timeout: float = 5.0) -> tuple[int, str]:
-    with _OPENER.open(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-        return r.status, r.read().decode(errors="replace")
+    got = fetch(f"http://127.0.0.1:{port}{path}", deadline_s=timeout)
+    return got.status, got.body.decode(errors="replace")
 
 
 def notify_ready(port: str, addr: str) -> None:
@@ -80,10 +78,9 @@ def _total(text: str, pattern: str) -> float:
 def watch_head(port: str, pid: int, model: str, limits: Limits) -> None:
     def probe() -> None:  # one token; if the stages are gone it stays in flight, the sign
         body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST",
-                                     data=body, headers={"Content-Type": "application/json"})
         with contextlib.suppress(OSError):
-            _OPENER.open(req, timeout=limits.stall_s * 3).read()
+            fetch(f"http://127.0.0.1:{port}/v1/completions", method="POST", body=body,
+                  headers={"Content-Type": "application/json"}, deadline_s=limits.stall_s * 3)
 
     moved, probed, last = time.monotonic(), 0.0, None
     while True:

@@ -6,12 +6,12 @@ import contextlib
 import json
 import os
 import re
-import stat
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..inputs import InputError, read_text
 from .bundle import BundleError, _chown_tree, _owner_ids, vllm_site
 
 # ---- the page cache ------------------------------------------------------------------------
@@ -108,20 +108,12 @@ UNIT_FILE_MAX = 2**20
 
 def read_small(path: Path, what: str, max_bytes: int = UNIT_FILE_MAX) -> str:
     """A small text file the machine's own files name (a unit's environment or arguments, a
-    model's config.json): a regular file of at most `max_bytes` in UTF-8, else BundleError naming
-    it (a FIFO or a device would hang the read, a huge file fill the memory)."""
+    model's config.json), read by the project's one bounded reader (inputs.read_text: a FIFO or a
+    device would hang the read, a huge file fill the memory); its refusal as BundleError."""
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise BundleError(f"{what} {path}: not a regular file")
-        if st.st_size > max_bytes:
-            raise BundleError(f"{what} {path}: larger than {max_bytes // 1024} KiB")
-        with open(path, "rb") as f:
-            return f.read(max_bytes + 1).decode("utf-8")
-    except OSError as exc:
-        raise BundleError(f"{what} {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise BundleError(f"{what} {path}: not UTF-8 text") from None
+        return read_text(path, what, max_bytes)
+    except InputError as exc:
+        raise BundleError(str(exc)) from None
 
 
 def unit_environ(env_file: Path) -> dict[str, str]:
