@@ -151,12 +151,20 @@ def test_compile_cache_writable_by_the_service(root: Any, profile: dict[str, Any
 def test_the_build_inspected_the_models_so_no_start_does(root: Any, profile: dict[str, Any]) -> None:
     """The build ran `inference-startup inspect`: vLLM's answers about the served architectures
     are in its cache, current for the installed vLLM (asking again writes nothing), and owned by
-    the instances' user."""
+    the instances' user. It also recorded what a start reads (the shared libraries and modules
+    vLLM's import takes), the list serving.page_cache_prefetch reads ahead, for that user."""
     units, inst = profile["paths"]["units"], profile["instances"][0]["name"]
+    reads = f"{profile['paths']['cache']}/start-reads.json"
+    f = root.file(reads)
+    assert f.is_file and f.user == profile["service_user"], f"{reads}: missing or not theirs"
+    doc = json.loads(f.content_string)
+    assert any("/torch/" in p for p in doc["libs"]), "no torch library in the record"
+    assert any("/vllm/" in p for p in doc["modules"]), "no vLLM module in the record"
     r = root.run(f"python3 {profile['paths']['startup']} inspect --env {units}/{inst}.env "
                  f"--args {units}/{inst}.args")
     assert r.rc == 0, r.stderr
     assert r.stdout.startswith("inference-startup: already inspected: "), r.stdout
+    assert "recorded what a start reads" in r.stdout, r.stdout
     infos = f"{profile['paths']['cache']}/vllm/modelinfos"
     assert root.run(f"find {infos} -name '*.json' | grep -q .").rc == 0, f"nothing in {infos}"
     foreign = root.run(f"find {infos} ! -user {profile['service_user']}").stdout.strip()

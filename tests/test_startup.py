@@ -221,19 +221,6 @@ def test_a_starts_phases_come_from_its_journal_in_the_order_it_passes_them() -> 
                                                      ["engine_process", 19.5]]
 
 
-def test_prefetch_reads_the_venv_then_asks_for_the_models(tmp_path: Path) -> None:
-    venv, model = tmp_path / "site", tmp_path / "model"
-    (venv / "torch" / "lib").mkdir(parents=True)
-    (venv / "torch" / "lib" / "libtorch.so.2").write_bytes(b"s" * 3000)
-    (venv / "torch" / "__pycache__").mkdir()
-    (venv / "torch" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"c" * 100)
-    (venv / "torch" / "x.py").write_text("source: compiled ones are read")
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"w" * 5000)
-    (model / "config.json").write_text("{}")
-    assert startup.prefetch([venv], [model]) == (4, 3000 + 100 + 5000 + 2)
-
-
 def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_digest() -> None:
     # h100x8 sets none of them: its digest is the one its records were made with
     before = resolve("h100x8").digest
@@ -301,3 +288,98 @@ def test_inspect_without_a_python_or_a_cache_root_says_which_is_missing(tmp_path
     assert proc.returncode == 1
     assert proc.stderr.strip() == (f"inference-startup: {env}: names no INFERENCE_PYTHON or "
                                    "VLLM_CACHE_ROOT")
+
+
+def test_the_record_of_what_a_start_reads_lists_its_libraries_and_modules(tmp_path: Path) -> None:
+    """The inspection's recording part, run by a real interpreter: the modules it imported (their
+    compiled files, extension modules as they are) and the shared libraries it mapped; a module
+    that is not there is skipped, not fatal."""
+    from inference_image.startup import prepare
+    script = "NAMES = ['json', 'ctypes', 'no_such_module_here']\n" + prepare.RECORD_READS
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, timeout=60)
+    reads = prepare.reads_from("a vLLM log line\n" + proc.stdout)
+    assert reads is not None
+    modules = [Path(m).name for m in reads["modules"]]
+    assert any(m.startswith("_ctypes.") and ".so" in m for m in modules)
+    assert any(m.startswith("decoder.") and m.endswith((".pyc", ".py")) for m in modules)
+    assert any(Path(lib).name.startswith("libc.so") for lib in reads["libs"])
+    assert not set(reads["libs"]) & set(reads["modules"])  # each file once
+    assert prepare.reads_from("no such line") is None
+
+
+def test_prefetch_reads_the_recorded_files_and_never_a_pipe(tmp_path: Path) -> None:
+    """What the inspection recorded is read (sizes summed), the models' files asked for; a
+    FIFO, a folder, a missing or relative path in the record are skipped, never read (a read
+    of a FIFO would block the prefetch forever)."""
+    import os
+
+    from inference_image.startup import prepare
+    lib, mod = tmp_path / "libx.so", tmp_path / "m.pyc"
+    lib.write_bytes(b"L" * 3000)
+    mod.write_bytes(b"M" * 200)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "w.safetensors").write_bytes(b"W" * 1000)
+    reads = tmp_path / startup.READS
+    reads.write_text(json.dumps({"libs": [str(lib), str(fifo), "relative.so", 7],
+                                 "modules": [str(mod), str(tmp_path / "gone.pyc"),
+                                             str(tmp_path)]}))
+    assert startup.load_reads(reads) == ([str(lib), str(fifo)],
+                                         [str(mod), str(tmp_path / "gone.pyc"), str(tmp_path)])
+    assert startup.prefetch(reads, [model]) == (6, 3000 + 200 + 1000)
+    assert startup.prefetch(None, []) == (0, 0)
+    for bad, says in (("[1, 2]", "no list 'libs'"), ('{"libs": [], "modules": {}}',
+                                                     "no list 'modules'"),
+                      ("{oops", "not JSON")):
+        reads.write_text(bad)
+        with pytest.raises(startup.BundleError, match=says):
+            startup.load_reads(reads)
+    reads.write_bytes(b"[" * (prepare.READS_MAX_BYTES + 1))
+    with pytest.raises(startup.BundleError, match="larger than"):
+        startup.load_reads(reads)
+
+
+def test_prefetch_command_reads_the_cache_roots_record_and_says_what_is_wrong_with_it(
+        tmp_path: Path) -> None:
+    """`inference-startup prefetch` as inference-run starts it: the record under
+    INFERENCE_CACHE, then MODEL_PATH; a damaged record is one line and exit 1, no traceback."""
+    lib = tmp_path / "libx.so"
+    lib.write_bytes(b"L" * 2048)
+    (tmp_path / startup.READS).write_text(json.dumps({"libs": [str(lib)], "modules": []}))
+    env = {"PATH": "/usr/bin:/bin", "INFERENCE_CACHE": str(tmp_path), "MODEL_PATH": "/nowhere"}
+    run = [sys.executable, str(SCRIPT), "prefetch"]
+    proc = subprocess.run(run, capture_output=True, text=True, check=False, env=env, timeout=60)
+    assert proc.returncode == 0 and "read ahead 1 files" in proc.stdout, proc.stderr
+    assert "no record" not in proc.stdout
+    (tmp_path / startup.READS).write_text("{oops")
+    proc = subprocess.run(run, capture_output=True, text=True, check=False, env=env, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("inference-startup: prefetch: ") and \
+        len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_builds_inspection_outlives_a_bundle_installed_and_refused(tmp_path: Path) -> None:
+    """vLLM's model inspections are the build's (`inspect`, valid on any GPU): no bundle
+    carries them, installing a bundle keeps them, and a bundle refused as stale leaves them, so
+    the start that compiles does not inspect each architecture again."""
+    cache = a_cache(tmp_path / "cache")
+    infos = cache / "vllm" / "modelinfos"
+    infos.mkdir()
+    (infos / "llama-abc.json").write_text('{"inspected": true}')
+    bundle = tmp_path / "b.tar.gz"
+    manifest = startup.make(cache, bundle, key())
+    assert manifest["files"] and not [f for f in manifest["files"] if "modelinfos" in f]
+    target = tmp_path / "machine"
+    (target / "vllm" / "modelinfos").mkdir(parents=True)
+    (target / "vllm" / "modelinfos" / "llama-abc.json").write_text('{"built": true}')
+    (target / "vllm" / "old-graph").write_text("an earlier start's")
+    startup.install(bundle, target)
+    assert (target / "vllm" / "modelinfos" / "llama-abc.json").read_text() == '{"built": true}'
+    assert not (target / "vllm" / "old-graph").exists()
+    state, line = startup.check(target, key(gpu="NVIDIA L40S"))
+    assert state == "stale" and "gpu" in line
+    assert not (target / "vllm" / "torch_compile_cache").exists()
+    assert (target / "vllm" / "modelinfos" / "llama-abc.json").read_text() == '{"built": true}'

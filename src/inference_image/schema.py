@@ -328,9 +328,9 @@ class Serving(Strict):
         "what the API server imported; vLLM spawns anyway where CUDA is already initialized). GPU "
         "tiers")
     page_cache_prefetch: bool = Field(
-        False, description="at each start, read the vLLM venv into the page cache in the "
-        "background while Python imports, then ask for the models' files "
-        "(inference-startup prefetch)")
+        False, description="at each start, read what a start reads (the libraries and modules "
+        "the build's inspection recorded) into the page cache in the background while Python "
+        "imports, then ask for the models' files (inference-startup prefetch)")
     runtime_overhead_gib: float = Field(
         2.0, ge=0, le=1024, description="per GPU: CUDA context, activations, CUDA graphs"
     )

@@ -192,8 +192,10 @@ class ReadySteps:
             home.mkdir(parents=True)
             senv = {**env, "HOME": str(home)}
             entry: dict[str, Any] = {}
-            if state == "cold" and profile_json is not None:
-                # what the image's build leaves under the cache root (the role's inspect task)
+            if state in ("cold", "bundle") and profile_json is not None:
+                # what the image's build leaves under the cache root (the role's inspect task):
+                # vLLM's inspections (a bundle carries them too) and the record of what a start
+                # reads (the page-cache prefetch's list)
                 entry["inspected"] = self._inspect(profile_json.parent / "units", argv[-1],
                                                    {**(image_environ() if step.image_paths
                                                        else os.environ), **env})
@@ -297,7 +299,8 @@ class ReadySteps:
         return line[0]
 
     def _wipe(self, root: Path) -> None:
-        for p in (*startup.CACHE_PARTS, "xdg-config", "tmp", startup.MANIFEST, startup.REJECTED):
+        for p in (*startup.CACHE_PARTS, "xdg-config", "tmp", startup.MANIFEST, startup.REJECTED,
+                  startup.READS):
             target = root / p
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)

@@ -18,7 +18,7 @@ compiles as on a fresh machine. A check never fails a start.
     inference-startup show B.tar.gz                                 what a bundle is for
     inference-startup install B.tar.gz --cache DIR [--owner USER]
     inference-startup check --cache DIR [--profile-json F]          one line; exit 0 whatever it finds
-    inference-startup prefetch                                      the venv and models into the page cache
+    inference-startup prefetch                                      what a start reads, into the page cache
     inference-startup inspect --env E [--args A] [--owner USER]     vLLM's model inspections, cached
     inference-startup ready INSTANCE --endpoint F                   a start's phases, once it serves
     inference-startup status INSTANCE                               what a start is doing now
@@ -57,7 +57,15 @@ from .bundle import (
     make,
     vllm_site,
 )
-from .prepare import architectures, inspect_models, prefetch, prefetch_roots, unit_environ
+from .prepare import (
+    READS,
+    architectures,
+    inspect_models,
+    load_reads,
+    prefetch,
+    prefetch_roots,
+    unit_environ,
+)
 
 # the command a process runs for `inference-startup` from this source tree (the image's is
 # /usr/local/sbin/inference-startup, the same file)
@@ -72,6 +80,7 @@ __all__ = [
     "MANIFEST",
     "MOMENTS",
     "PHASES",
+    "READS",
     "REJECTED",
     "REPORTED",
     "SAID",
@@ -86,6 +95,7 @@ __all__ = [
     "install",
     "journal_lines",
     "key_differences",
+    "load_reads",
     "machine_key",
     "make",
     "prefetch",

@@ -23,6 +23,10 @@ from typing import Any
 SCHEMA = 1
 # what a start writes beside its model, by folder under the cache root (render.vllm_env names them)
 CACHE_PARTS = ("vllm", "inductor", "triton", "xdg-cache")
+# what the build itself leaves in a part (`inference-startup inspect`: vLLM's model inspections,
+# keyed by the model module's source, valid on any GPU): no bundle carries it, and neither
+# installing a bundle nor refusing one removes it
+BUILD_OWNED = {"vllm": ("modelinfos",)}
 MANIFEST = "warm-cache.json"  # inside a bundle, and under the cache root once installed
 REJECTED = "warm-cache.rejected.json"  # why the last bundle was not used
 LOCK = "warm-cache.lock"
@@ -166,6 +170,8 @@ def _files(cache: Path) -> Iterator[Path]:
         if not root.is_dir() or root.is_symlink():
             continue
         for dirpath, dirnames, filenames in os.walk(root):
+            if Path(dirpath) == root:
+                dirnames[:] = [d for d in dirnames if d not in BUILD_OWNED.get(part, ())]
             dirnames.sort()
             for name in sorted(filenames):
                 p = Path(dirpath) / name
@@ -354,12 +360,23 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
             raise BundleError(f"{bundle}: {len(missing)} file(s) of its manifest are missing, "
                               f"e.g. {sorted(missing)[0]}")
         for part in CACHE_PARTS:
-            _empty(cache / part)
+            kept = BUILD_OWNED.get(part, ())
+            _empty(cache / part, kept)
             if (stage / part).exists():
                 if (cache / part).is_dir():
                     # into the folder the build made (its owner and mode stay), not over it
                     for child in (stage / part).iterdir():
-                        child.rename(cache / part / child.name)
+                        dest = cache / part / child.name
+                        if child.name in kept and dest.is_dir() and child.is_dir():
+                            # the build's own, which a bundle made before BUILD_OWNED carries
+                            # too: its files join the build's
+                            for f in child.rglob("*"):
+                                if f.is_file():
+                                    (dest / f.relative_to(child)).parent.mkdir(
+                                        parents=True, exist_ok=True)
+                                    f.replace(dest / f.relative_to(child))
+                            continue
+                        child.rename(dest)
                 else:
                     (stage / part).rename(cache / part)
         _write_json(cache / MANIFEST, {**manifest, "installed": _now()})
@@ -373,14 +390,17 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
     return manifest
 
 
-def _empty(folder: Path) -> None:
-    """Remove what `folder` holds and keep the folder (its owner and mode are the build's)."""
+def _empty(folder: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove what `folder` holds but the children named in `keep`, and keep the folder (its
+    owner and mode are the build's)."""
     if folder.is_symlink() or folder.is_file():
         folder.unlink()
         return
     if not folder.is_dir():
         return
     for child in folder.iterdir():
+        if child.name in keep and child.is_dir() and not child.is_symlink():
+            continue
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
         else:
@@ -470,7 +490,7 @@ def _key_digest(key: dict[str, str]) -> str:
 def _reject(cache: Path, state: str, why: str, bundle: str) -> tuple[str, str]:
     """Remove what a bundle installed (its parts may be half right) and say why, once."""
     for part in CACHE_PARTS:
-        _empty(cache / part)
+        _empty(cache / part, BUILD_OWNED.get(part, ()))
     with contextlib.suppress(OSError):
         (cache / MANIFEST).unlink()
     with contextlib.suppress(OSError):

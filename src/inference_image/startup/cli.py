@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="keep a bundle that is this machine's, remove one that "
                        "is not (one line; exit 0 whatever it finds)")
     _key_args(p)
-    sub.add_parser("prefetch", help="read what a start will read into the page cache (the vLLM "
-                   "venv, then MODEL_PATH and DRAFT_PATH)")
+    sub.add_parser("prefetch", help="read what a start will read into the page cache (what the "
+                   "build's inspection recorded, then MODEL_PATH and DRAFT_PATH)")
     p = sub.add_parser("inspect", help="inspect the models' architectures with the unit's vLLM, "
                        "as its start would, into vLLM's cache (the build, once)")
     p.add_argument("--env", required=True, type=Path, help="the unit's environment file")
@@ -102,9 +102,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inference-startup: {line}", flush=True)
         elif args.cmd == "prefetch":
             t0 = time.monotonic()
-            n, total = prefetch(*prefetch_roots())
-            print(f"inference-startup: asked for {n} files, {total / 2**30:.1f} GiB, in "
-                  f"{time.monotonic() - t0:.1f} s")
+            reads, models = prefetch_roots()
+            try:
+                n, total = prefetch(reads, models)
+            except BundleError as exc:
+                print(f"inference-startup: prefetch: {exc}", file=sys.stderr)
+                return 1
+            print(f"inference-startup: read ahead {n} files, {total / 2**30:.1f} GiB, in "
+                  f"{time.monotonic() - t0:.1f} s" + ("" if reads else
+                  " (the models only: no record of what a start reads; the build's "
+                  "`inference-startup inspect` writes it)"), flush=True)
         elif args.cmd == "inspect":
             print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
         elif args.cmd == "notify":

@@ -6,85 +6,145 @@ import contextlib
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..inputs import InputError, read_text
-from .bundle import BundleError, _chown_tree, _owner_ids, vllm_site
+from .bundle import BundleError, _chown_tree, _owner_ids
 
 # ---- the page cache ------------------------------------------------------------------------
 
-# what a start reads from the vLLM venv (Python's compiled modules, extension and CUDA libraries)
-# and from the models (weights, configs, tokenizers)
-PREFETCH_SUFFIXES = (".pyc", ".so", ".safetensors", ".json")
-PREFETCH_THREADS = 16
-# the packages every start imports, asked for first (the rest of a venv may never be read)
-PREFETCH_FIRST = ("torch", "nvidia", "vllm", "triton", "transformers", "tokenizers",
-                  "inference_image_vllm", "numpy", "pydantic", "pydantic_core", "fastapi",
-                  "uvicorn", "starlette", "safetensors", "cuda", "xgrammar", "llguidance",
-                  "outlines_core", "msgspec", "zmq", "pyzmq.libs", "compressed_tensors")
+# What a start reads, recorded by the build's inspection (the same vLLM, imported as a start
+# imports it): the shared libraries its processes map (torch's CUDA libraries are most of the
+# bytes) and its modules' files in the order Python imported them. A walk of the whole venv
+# reads gigabytes no start opens and slowed the imports it was to speed up (the evidence:
+# docs/decisions.md, Ready time).
+READS = "start-reads.json"  # under the instance cache root (INFERENCE_CACHE)
+READS_MAX_BYTES = 16 * 2**20
+READS_MAX_FILES = 200_000
+# the modules a start imports besides what the inspection does: the API server, and what the
+# engine core imports after its fork (the models' own modules are added by architecture)
+READS_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
+                 "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu.model_runner",
+                 "vllm.v1.attention.backends.flash_attn", "inference_image_vllm")
+# each lane reads its files in its order, this many at a time: the libraries are few and large,
+# the modules many and small, and the imports need both from their first second
+PREFETCH_THREADS = 8
+
+# appended to a script that sets NAMES (the modules to import); prints one line,
+# "READS {"libs": [...], "modules": [...]}"
+RECORD_READS = """
+import importlib, json, os, sys
+for _name in NAMES:
+    if _name:
+        try:
+            importlib.import_module(_name)
+        except Exception:
+            pass
+_seen, _modules, _libs = set(), [], []
+def _add(path, into):
+    real = os.path.realpath(path)
+    if real not in _seen and os.path.isfile(real):
+        _seen.add(real)
+        into.append(real)
+for _m in list(sys.modules.values()):
+    _cached, _file = getattr(_m, "__cached__", None), getattr(_m, "__file__", None)
+    for _f in (_cached, _file) if isinstance(_file, str) and _file.endswith(".py") else (_file,):
+        if isinstance(_f, str) and os.path.isfile(_f):
+            _add(_f, _modules)
+            break
+with open("/proc/self/maps") as _maps:
+    for _line in _maps:
+        _parts = _line.split(None, 5)
+        if len(_parts) == 6 and ".so" in _parts[5]:
+            _add(_parts[5].strip(), _libs)
+print("READS " + json.dumps({"libs": _libs, "modules": _modules}), flush=True)
+"""
 
 
-def _prefetch_files(roots: Iterable[Path]) -> list[Path]:
-    first: list[Path] = []
-    rest: list[Path] = []
-    for root in roots:
-        for dirpath, _, filenames in os.walk(root, followlinks=True):
-            top = Path(dirpath).relative_to(root).parts[:1]
-            bucket = first if not top or top[0] in PREFETCH_FIRST else rest
-            for name in filenames:
-                if name.endswith(PREFETCH_SUFFIXES) or ".so." in name:
-                    bucket.append(Path(dirpath) / name)
-    return first + rest
+def reads_from(stdout: str) -> dict[str, list[str]] | None:
+    """The READS line a recording script printed, or None."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("READS "):
+            with contextlib.suppress(ValueError):
+                data = json.loads(line[6:])
+                if isinstance(data, dict):
+                    return data
+    return None
 
 
-def _read(p: Path, whole: bool) -> int:
-    """Bring one file into the page cache: read it (`whole`), or ask the kernel to read it ahead
-    (POSIX_FADV_WILLNEED) and go on. Its size; 0 if it cannot be opened."""
+def load_reads(path: Path) -> tuple[list[str], list[str]]:
+    """The recorded reads (libraries, modules): absolute paths only, at most READS_MAX_FILES.
+    BundleError when the file is missing, not ours or not what `inspect` writes."""
+    text = read_small(path, "start reads", READS_MAX_BYTES)
     try:
-        fd = os.open(p, os.O_RDONLY)
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BundleError(f"{path}: not JSON ({exc}); `inference-startup inspect` writes it") \
+            from None
+    lanes: list[list[str]] = []
+    for lane in ("libs", "modules"):
+        items = data.get(lane) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise BundleError(f"{path}: no list '{lane}'; `inference-startup inspect` writes it")
+        lanes.append([p for p in items if isinstance(p, str) and p.startswith("/")
+                      and "\x00" not in p][:READS_MAX_FILES])
+    return lanes[0], lanes[1]
+
+
+def _read(p: str | Path, whole: bool) -> int:
+    """Bring one regular file into the page cache: read it (`whole`), or ask the kernel to read
+    it ahead (POSIX_FADV_WILLNEED) and go on. Its size; 0 if it is not a regular file or cannot
+    be opened (a FIFO or a device is never read: it could block forever)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return 0
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return 0
         if whole:
             while os.read(fd, 1 << 20):
                 pass
         else:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        return size
+        return st.st_size
     except OSError:
         return 0
     finally:
         os.close(fd)
 
 
-def prefetch(venv: Iterable[Path], models: Iterable[Path] = ()) -> tuple[int, int]:
-    """Read what a start will read into the page cache, many files at once: on a new machine
-    nothing is cached, and Python's imports read one file after the other. The venv's files are
-    read (the imports need them first); the models' are then asked for, to be read while the
-    engine starts (a model's weights are tens of GiB: read beside the venv, they would slow the
-    imports). (files, bytes)."""
+def prefetch(reads: Path | None, models: Iterable[Path] = ()) -> tuple[int, int]:
+    """Read what a start will read into the page cache while its Python imports: on a new
+    machine nothing is cached, and the imports read one file after the other. The recorded
+    libraries and modules are read, two lanes at once, each in its order; the models' files are
+    then asked for, to be read while the engine starts (tens of GiB: read beside the imports,
+    they would slow them). (files, bytes)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    n = total = 0
-    with ThreadPoolExecutor(PREFETCH_THREADS) as pool:
-        for roots, whole in ((venv, True), (models, False)):
-            files = _prefetch_files(roots)
-            n += len(files)
-            total += sum(pool.map(lambda p, w=whole: _read(p, w), files))
-    return n, total
+    libs, modules = load_reads(reads) if reads is not None else ([], [])
+    with ThreadPoolExecutor(PREFETCH_THREADS) as a, ThreadPoolExecutor(PREFETCH_THREADS) as b:
+        got = [a.map(lambda p: _read(p, True), libs), b.map(lambda p: _read(p, True), modules)]
+        total = sum(sum(g) for g in got)
+    files = [Path(dirpath) / name for root in models
+             for dirpath, _, names in os.walk(root, followlinks=True) for name in names]
+    total += sum(_read(f, False) for f in files)
+    return len(libs) + len(modules) + len(files), total
 
 
-def prefetch_roots() -> tuple[list[Path], list[Path]]:
-    """The vLLM venv's packages (the folder this Python imports vLLM from, where torch and the
-    CUDA libraries are too), and the instance's models (MODEL_PATH, DRAFT_PATH)."""
-    venv = [p for p in (vllm_site(),) if p is not None]
+def prefetch_roots() -> tuple[Path | None, list[Path]]:
+    """The recorded reads of this machine's starts (INFERENCE_CACHE/start-reads.json, where
+    the build's inspection wrote it), and the instance's models (MODEL_PATH, DRAFT_PATH)."""
+    cache = os.environ.get("INFERENCE_CACHE")
+    reads = Path(cache) / READS if cache and (Path(cache) / READS).is_file() else None
     models = [Path(m) for m in (os.environ.get("MODEL_PATH"), os.environ.get("DRAFT_PATH"))
               if m and Path(m).is_dir()]
-    return venv, models
+    return reads, models
 
 
 # ---- the models' inspection ------------------------------------------------------------------
@@ -99,6 +159,8 @@ for arch in sys.argv[1:]:
     t0 = time.monotonic()
     info = ModelRegistry._try_inspect_model_cls(arch)
     print(arch, "inspected" if info else "unknown", round(time.monotonic() - t0, 1), flush=True)
+NAMES = [*READS_MODULES, *(getattr(ModelRegistry.models.get(a), "module_name", None)
+                          for a in sys.argv[1:])]
 """
 INSPECT_TIMEOUT_S = 900
 
@@ -178,7 +240,8 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
     before = written()
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([python, "-c", INSPECT, *archs], env=env, capture_output=True,
+        script = f"READS_MODULES = {READS_MODULES!r}\n" + INSPECT + RECORD_READS
+        proc = subprocess.run([python, "-c", script, *archs], env=env, capture_output=True,
                               text=True, timeout=INSPECT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BundleError(f"inspecting {', '.join(archs)}: {exc}") from None
@@ -186,8 +249,33 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
     if proc.returncode or not done:
         raise BundleError(f"vLLM did not inspect {', '.join(archs)} (exit {proc.returncode}): "
                           f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+    ids = _owner_ids(owner)
+    recorded = _write_reads(env.get("INFERENCE_CACHE"), reads_from(proc.stdout), ids)
     if written() == before:
-        return f"already inspected: {', '.join(done)} ({infos})"
-    if (ids := _owner_ids(owner)) is not None:
+        return f"already inspected: {', '.join(done)} ({infos}){recorded}"
+    if ids is not None:
         _chown_tree(Path(root), ids)
-    return f"inspected {', '.join(done)} in {time.monotonic() - t0:.0f} s ({infos})"
+    return f"inspected {', '.join(done)} in {time.monotonic() - t0:.0f} s ({infos}){recorded}"
+
+
+def _write_reads(cache: str | None, reads: dict[str, list[str]] | None,
+                 ids: tuple[int, int] | None) -> str:
+    """The inspection's record of what a start reads, under the cache root (replaced whole);
+    what the line says of it."""
+    if not cache or not reads:
+        return "; no record of what a start reads"
+    dest = Path(cache) / READS
+    tmp = dest.with_suffix(".tmp")
+    try:
+        if ids is None and dest.exists():  # replaced, it stays the owner's it was
+            ids = (dest.stat().st_uid, dest.stat().st_gid)
+        tmp.write_text(json.dumps(reads) + "\n")
+        if ids is not None:
+            with contextlib.suppress(PermissionError):
+                os.chown(tmp, *ids)
+        tmp.replace(dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        return f"; what a start reads was not recorded ({dest}: {exc.strerror or exc})"
+    return (f"; recorded what a start reads ({len(reads.get('libs', []))} libraries, "
+            f"{len(reads.get('modules', []))} modules: {dest})")
