@@ -21,13 +21,11 @@ from .profiles import (
 from .render import RenderError, render
 from .schema import field_reference
 from .startup import BundleError
+from .tables import text_table
 
 
 def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(rows, rule=True)
 
 
 def _pdir(args: argparse.Namespace) -> Path:

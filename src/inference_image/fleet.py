@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstrai
 from .profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
 from .render import PATHS
 from .schema import Name, Slug, Strict
+from .tables import text_table
 
 Uuid = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")]
 # a snapshot id, or the path of a Packer manifest.json that names one
@@ -339,9 +340,7 @@ def describe(p: Plan) -> str:
         rows.append((f"... {len(p.droplets) - len(shown)} more workers", "worker",
                      p.droplets[-1].size, f"{usd(p.droplets[-1].usd_per_hour)} each"))
     rows.append(("total", "", "", usd(p.usd_per_hour)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    table = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
+    table = text_table(rows, indent="  ").split("\n")
     if spans_nodes(p) > 1:
         return _describe_group(p, table)
     n_inst = len(p.tier.instances) * s.workers
@@ -665,10 +664,8 @@ def status(p: Plan, c: Any) -> str:
         rows.append((str(d.get("name")), roles[0] if d is router else roles[1],
                      str(d.get("status")), _address(d, "private") or "-",
                      _address(d, "public") or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [f"fleet {spec.name}: {len(droplets)} droplet(s), {p.region}"]
-    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-              for r in rows]
+    lines += text_table(rows, indent="  ").split("\n")
     fws = _fleet_firewalls(c, p)
     lines.append(f"firewalls {', '.join(sorted(f['name'] for f in fws)) or 'none'}")
     if router and (public := _address(router, "public")):

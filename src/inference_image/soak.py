@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench import positive_int, results_json
+from .tables import text_table
 from .verify import PROFILE_JSON, VerifyError, parse_target, preflight, remote
 
 GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % above minute 1
@@ -141,8 +142,7 @@ def table(minutes: list[dict[str, Any]]) -> str:
     rows = [head] + [[str(m["minute"]), str(m["ok"]), str(sum(m["failed"].values())),
                       str(m["p50_ms"]), str(m["p90_ms"]), str(m["p99_ms"]),
                       *[str(m["rss_mib"][u]) for u in units]] for m in minutes]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return text_table(rows, right=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

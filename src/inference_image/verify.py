@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
 from .render import PATHS
+from .tables import text_table
 
 T = TypeVar("T")
 
@@ -214,8 +215,7 @@ def summarize(junit: Path) -> tuple[str, bool]:
     rows = [["SUITE", "PASSED", "FAILED", "SKIPPED", "NOTE"]]
     rows += [[s, str(counts[s]["passed"]), str(counts[s]["failed"]), str(counts[s]["skipped"]),
               reasons.get(s, "") if counts[s]["skipped"] else ""] for s in order]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = text_table(rows).split("\n")
     # A suite that passed nothing proved nothing: it fails the run, whatever its skips say.
     empty = [f"  {s}: nothing passed ({counts[s]['skipped']} skipped: {reasons.get(s, '')})"
              for s in order if counts[s]["passed"] == 0 and not counts[s]["failed"]]
