@@ -10,8 +10,8 @@ docs/benchmarks/charts.json, with the reason for any row left out of a chart."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import math
 import re
 import sys
 import textwrap
@@ -212,82 +212,45 @@ def table(tier: str, series: list[Series]) -> str:
 
 # ---- charts -----------------------------------------------------------------------------------
 
-def _nice_max(v: float) -> float:
-    if v <= 0:
-        return 1.0
-    p = 10 ** math.floor(math.log10(v))
-    return next(m * p for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * p >= v)
-
-
-def _panel(x0: float, title: str, unit: str, lines: list[tuple[str, str, bool, dict[int, float]]],
-           w: float = 330, h: float = 230) -> list[str]:
-    """One chart: x is concurrency (log 2), y from 0; lines (name, colour, dashed, {c: y})."""
-    top, left, bottom = 40.0, 52.0, 30.0
-    ymax = _nice_max(max((y for *_, pts in lines for y in pts.values()), default=1.0))
-    pw, ph = w - left - 10, h - top - bottom
-
-    def px(c: int) -> float:
-        return x0 + left + pw * math.log2(c) / math.log2(CONCURRENCY[-1])
-
-    def py(y: float) -> float:
-        return top + ph * (1 - y / ymax)
-
-    out = [f'<text x="{x0 + left}" y="16" class="t">{title}</text>',
-           f'<text x="{x0 + 4}" y="{top - 8}" class="s">{unit}</text>']
-    for i in range(5):
-        y = ymax * i / 4
-        out.append(f'<line x1="{x0 + left}" x2="{x0 + left + pw}" y1="{py(y):.1f}" '
-                   f'y2="{py(y):.1f}" class="g"/>')
-        out.append(f'<text x="{x0 + left - 4}" y="{py(y) + 4:.1f}" class="s" '
-                   f'text-anchor="end">{y:,.0f}</text>')
-    for c in CONCURRENCY:
-        out.append(f'<text x="{px(c):.1f}" y="{top + ph + 16}" class="s" '
-                   f'text-anchor="middle">{c}</text>')
-    out.append(f'<text x="{x0 + left + pw / 2}" y="{h - 2}" class="s" '
-               'text-anchor="middle">concurrent requests</text>')
-    for _, colour, dashed, pts in lines:
-        cs = sorted(pts)
-        if not cs:
-            continue
-        d = " ".join(f"{'M' if i == 0 else 'L'}{px(c):.1f},{py(pts[c]):.1f}"
-                     for i, c in enumerate(cs))
-        dash = ' stroke-dasharray="5,4"' if dashed else ""
-        out.append(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
-        out += [f'<circle cx="{px(c):.1f}" cy="{py(pts[c]):.1f}" r="2.5" fill="{colour}"/>'
-                for c in cs]
-    return out
-
-
 def svg(title: str, panels: list[tuple[str, str, list[tuple[str, str, bool, dict[int, float]]]]],
         note: str) -> str:
-    w = 340 * len(panels) + 10
-    legend: dict[str, tuple[str, bool]] = {}
-    parts: list[str] = []
-    for i, (ptitle, unit, lines) in enumerate(panels):
-        parts += _panel(340 * i, ptitle, unit, lines)
-        for name, colour, dashed, _ in lines:
-            legend.setdefault(name, (colour, dashed))
-    ly = 246
-    for name, (colour, dashed) in legend.items():
-        dash = ' stroke-dasharray="5,4"' if dashed else ""
-        parts.append(f'<line x1="12" x2="36" y1="{ly}" y2="{ly}" stroke="{colour}" '
-                     f'stroke-width="2"{dash}/>')
-        parts.append(f'<text x="42" y="{ly + 4}" class="s">{_esc(name)}</text>')
-        ly += 16
-    width = (w - 24) // 6  # characters of 11 px text a line holds
-    for line in textwrap.wrap(note, width):
-        parts.append(f'<text x="12" y="{ly + 6}" class="s">{_esc(line)}</text>')
-        ly += 14
-    h = ly + 8
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-            f'viewBox="0 0 {w} {h}" font-family="sans-serif" role="img">\n'
-            f'<title>{_esc(title)}</title>\n<style>.t{{font-size:13px;font-weight:bold}}'
-            '.s{font-size:11px;fill:#57606a}.g{stroke:#d0d7de;stroke-width:1}</style>\n'
-            '<rect width="100%" height="100%" fill="#ffffff"/>\n' + "\n".join(parts) + "\n</svg>\n")
+    """Panels side by side, each (title, unit, lines); a line is (name, colour, dashed,
+    {concurrency: y}), x on a log-2 axis of the chart concurrencies, y from 0; one legend and the
+    note under them. Drawn by matplotlib, deterministic (no date, a fixed hash salt)."""
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-def _esc(s: str) -> str:
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    plt.rcParams.update({"svg.hashsalt": "inference-image", "svg.fonttype": "none",
+                         "font.size": 9})
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.4, 3.6),
+                             squeeze=False)
+    for ax, (ptitle, unit, lines) in zip(axes[0], panels, strict=True):
+        for name, colour, dashed, pts in lines:
+            cs = sorted(pts)
+            if cs:
+                ax.plot(cs, [pts[c] for c in cs], color=colour, linestyle="--" if dashed else "-",
+                        marker="o", markersize=3, linewidth=1.8, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(CONCURRENCY), [str(c) for c in CONCURRENCY])
+        ax.set_ylim(bottom=0)
+        ax.set_title(ptitle, fontsize=9, fontweight="bold", loc="left")
+        ax.set_ylabel(unit)
+        ax.set_xlabel("concurrent requests")
+        ax.grid(axis="y", color="#d0d7de", linewidth=0.8)
+        ax.spines[["top", "right"]].set_visible(False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.01, 0.0), frameon=False,
+               fontsize=8)
+    fig.text(0.01, -0.04 - 0.045 * len(labels), "\n".join(textwrap.wrap(note, 48 * len(panels))),
+             fontsize=8, color="#57606a", va="top")
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return buf.getvalue()
 
 
 @dataclass
