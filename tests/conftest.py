@@ -75,7 +75,7 @@ def first_boot(render_dir: Path, root: Path) -> None:
 
 def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -> Machine:
     from inference_image.profiles import resolve
-    from inference_image.render import render
+    from inference_image.render import PATHS, render
 
     r, root = tmp_path / "render", tmp_path / "root"
     render(resolve("cpu"), r)
@@ -84,6 +84,8 @@ def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -
     doc = json.loads((r / "etc/inference-image/profile.json").read_text())
     for k, v in doc["paths"].items():
         doc["paths"][k] = str(root) + v
+    # the image's modules beside inference-startup, as the render holds them
+    doc["paths"]["startup_lib"] = str(r) + PATHS["startup_lib"]
     endpoint = json.loads((etc / "endpoint.json").read_text())
     endpoint["tls_cert"] = str(root) + endpoint["tls_cert"]
     (etc / "endpoint.json").write_text(json.dumps(endpoint))

@@ -27,11 +27,14 @@ GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % abo
 POLL_TIMEOUT_S = 180
 WORK = "/var/tmp/inference-image-soak"
 
-# Runs on the machine (python3, stdlib only). argv[1]: JSON config.
+# Runs on the machine (python3, stdlib only, and the image's bounded HTTP client beside
+# inference-startup: a request that hangs is cut at its deadline). argv[1]: JSON config.
 LOAD = r'''
-import json, os, ssl, sys, threading, time, urllib.error, urllib.request
+import json, os, ssl, sys, threading, time
 cfg = json.loads(sys.argv[1])
 prof = json.load(open(cfg["profile_json"]))
+sys.path.insert(0, prof["paths"]["startup_lib"])
+from inference_image.bounded_http import fetch
 ep = json.load(open(prof["paths"]["endpoint"]))
 key = open(prof["paths"]["api_key"]).read().strip()
 tls = ep["tls"] != "off"
@@ -69,16 +72,11 @@ def worker(n):
         body = json.dumps({"model": prof["served_model_name"], "max_tokens": cfg["max_tokens"],
                            "ignore_eos": True, "temperature": 0.7,
                            "prompt": f"{words[(n + i) % len(words)]} {i} tells a story about"}).encode()
-        req = urllib.request.Request(url, data=body, headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         t0 = time.monotonic()
         try:
-            with urllib.request.urlopen(req, timeout=600, context=ctx) as r:
-                r.read()
-                code = str(r.status)
-        except urllib.error.HTTPError as e:
-            code = str(e.code)
-        except Exception:
+            code = str(fetch(url, deadline_s=600, method="POST", body=body, context=ctx, headers={
+                "Authorization": f"Bearer {key}", "Content-Type": "application/json"}).status)
+        except OSError:
             code = "000"
         with lock:
             window.append((time.monotonic() - t0, code))

@@ -115,18 +115,21 @@ def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0)
 
 
 # /health on the public port, run on the machine: TLS checked against the machine's certificate,
-# or plain HTTP where first boot chose it (endpoint.json). Prints the status or the error.
+# or plain HTTP where first boot chose it (endpoint.json), the whole answer within 5 s (the
+# image's one bounded HTTP client, beside inference-startup). Prints the status or the error.
 PUBLIC_HEALTH = f"""python3 - <<'PY'
-import json, ssl, urllib.request
+import json, ssl, sys
 try:
     p = json.load(open({PROFILE_JSON!r}))
+    sys.path.insert(0, p["paths"]["startup_lib"])
+    from inference_image.bounded_http import fetch
     e = json.load(open(p["paths"]["endpoint"]))
     tls = e["tls"] != "off"
     ctx = ssl.create_default_context(cafile=e["tls_cert"]) if tls else None
     url = f"{{'https' if tls else 'http'}}://127.0.0.1:{{p['router']['port']}}/health"
-    print(urllib.request.urlopen(url, timeout=5, context=ctx).status)
+    print(fetch(url, deadline_s=5, context=ctx).status)
 except Exception as exc:
-    print(getattr(exc, "code", None) or exc)
+    print(exc)
 PY"""
 
 

@@ -9,13 +9,13 @@ import random
 import shutil
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from inference_image.bench import read_url
+from inference_image.bounded_http import Answer, fetch
 from inference_image.profiles import (
     Resolved,
     default_profiles_dir,
@@ -37,9 +37,29 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    de
 
 
 def completion_request(url: str, body: dict[str, Any]) -> urllib.request.Request:
-    """A POST of `body` to the OpenAI completions route of the server at `url`."""
+    """A POST of `body` to the OpenAI completions route of the server at `url` (for a stream,
+    read line by line as it comes)."""
     return urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
                                   headers={"Content-Type": "application/json"})
+
+
+def post_completion(url: str, body: dict[str, Any], deadline_s: float) -> Answer:
+    """The server's whole answer to a completion of `body` within `deadline_s` (the project's
+    one bounded HTTP client); OSError when none comes whole in time."""
+    return fetch(f"{url}/v1/completions", deadline_s=deadline_s, method="POST",
+                 body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+
+
+def completion_json(url: str, body: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+    """The JSON of a completion that succeeded; OSError naming the status otherwise."""
+    a = post_completion(url, body, deadline_s)
+    if a.status != 200:
+        raise OSError(f"{url}/v1/completions: HTTP {a.status}: "
+                      f"{a.body.decode(errors='replace')[:300]}")
+    doc = json.loads(a.body)
+    if not isinstance(doc, dict):
+        raise OSError(f"{url}/v1/completions: not a completion: {a.body[:200]!r}")
+    return doc
 
 
 def greedy(url: str, model: str) -> list[dict[str, Any]]:
@@ -47,10 +67,8 @@ def greedy(url: str, model: str) -> list[dict[str, Any]]:
     start, so a kernel or speculation change that alters the output shows as a changed token."""
     res = []
     for p in PROMPTS:
-        req = completion_request(url, {"model": model, "prompt": p, "max_tokens": 64,
-                                       "temperature": 0, "ignore_eos": True})
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            ch = json.loads(resp.read())["choices"][0]
+        ch = completion_json(url, {"model": model, "prompt": p, "max_tokens": 64,
+                                   "temperature": 0, "ignore_eos": True}, 300)["choices"][0]
         res.append({"prompt": p, "text": ch["text"]})
     return res
 
@@ -83,19 +101,20 @@ def sampling_checks(port: int, model: str, defaults: dict[str, float]) -> list[d
             rows.append({**row, "ok": False, "error": "not sent: the server had stopped",
                          "serving_after": False})
             continue
-        req = completion_request(f"http://127.0.0.1:{port}", {
-            "model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32, **params})
         t0 = time.perf_counter()
         try:
-            with urllib.request.urlopen(req, timeout=SAMPLING_TIMEOUT_S) as resp:
-                usage = json.loads(resp.read()).get("usage") or {}
-            row.update(ok=True, tokens=usage.get("completion_tokens"))
-        except urllib.error.HTTPError as exc:
-            # a 4xx names what the server does not take and leaves it serving (vLLM 0.26 refuses
-            # min_p beside speculative decoding); a 5xx is the server's own failure
-            row.update(ok=False, refused=exc.code < 500, error=f"HTTP {exc.code}: "
-                       f"{exc.read().decode(errors='replace')[:300]}")
-        except OSError as exc:
+            a = post_completion(f"http://127.0.0.1:{port}", {
+                "model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32, **params},
+                SAMPLING_TIMEOUT_S)
+            if a.status >= 400:
+                # a 4xx names what the server does not take and leaves it serving (vLLM 0.26
+                # refuses min_p beside speculative decoding); a 5xx is the server's own failure
+                row.update(ok=False, refused=a.status < 500, error=f"HTTP {a.status}: "
+                           f"{a.body.decode(errors='replace')[:300]}")
+            else:
+                usage = json.loads(a.body).get("usage") or {}
+                row.update(ok=True, tokens=usage.get("completion_tokens"))
+        except (OSError, ValueError, AttributeError) as exc:
             row.update(ok=False, error=str(exc)[:300])
         row["s"] = round(time.perf_counter() - t0, 2)
         row["serving_after"] = serving(port)

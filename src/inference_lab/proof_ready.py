@@ -24,7 +24,6 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
 
 from .proof_machine import start
 from .proof_plan import READY_STARTS, STANDIN, ProofError, Step, vanilla_step
-from .proof_probes import completion_request
+from .proof_probes import completion_json
 
 BUNDLE_NAME = "warm-cache.tar.gz"
 FIRST_ANSWER_TOKENS = 16
@@ -60,11 +59,9 @@ def image_environ() -> dict[str, str]:
 def first_answer(port: int, model: str) -> float:
     """Seconds one short greedy completion takes: what the first client after a start waits."""
     t0 = time.monotonic()
-    req = completion_request(f"http://127.0.0.1:{port}", {
+    completion_json(f"http://127.0.0.1:{port}", {
         "model": model, "prompt": "The first request after a start", "temperature": 0,
-        "max_tokens": FIRST_ANSWER_TOKENS, "ignore_eos": True})
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        resp.read()
+        "max_tokens": FIRST_ANSWER_TOKENS, "ignore_eos": True}, 600)
     return time.monotonic() - t0
 
 

@@ -7,12 +7,11 @@ import json
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from inference_image.bounded_http import fetch
 from inference_image.cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
 
 from . import gpu_bench, stacks, trace
@@ -169,8 +168,9 @@ class ToolSteps:
         pattern = "*.pt.trace.json*"
 
         def profile(action: str) -> None:
-            urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", method="POST"),
-                                   timeout=600).read()
+            a = fetch(f"{url}/{action}", deadline_s=600, method="POST")
+            if a.status >= 400:
+                raise OSError(f"{url}/{action}: HTTP {a.status}")
 
         def window() -> None:
             time.sleep(0.2)
