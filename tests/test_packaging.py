@@ -12,7 +12,7 @@ import tomllib
 from conftest import ROOT
 
 # import name -> distribution name, where they differ
-DIST = {"yaml": "pyyaml"}
+DIST = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
 # imported only where vLLM runs (the GPU machine's lab, the stand-ins), never installed by setup
 GPU_SIDE = {"vllm", "torch", "inference_image_vllm", "proof_stacks"}
 

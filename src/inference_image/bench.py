@@ -390,20 +390,29 @@ COUNTERS = ("vllm:spec_decode_num", "vllm:prefix_cache_queries", "vllm:prefix_ca
             "vllm:generation_tokens", "vllm:request_success")
 
 
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text page (name, labels, value), read by prometheus_client's
+    parser; [] for a page it cannot read (a server's error page is no metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return [(s.name, dict(s.labels), float(s.value))
+                for fam in text_string_to_metric_families(text) for s in fam.samples]
+    except (ValueError, TypeError, IndexError):
+        return []
+
+
 def parse_engine_counters(text: str) -> dict[str, float] | None:
     """The counters of COUNTERS in a Prometheus text page, summed over label sets (engines,
     models; per position kept apart as NAME[i])."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(COUNTERS):
+    for name, labels, value in metric_samples(text):
+        # a counter's samples: NAME_total, and NAME_created (a timestamp, not a count)
+        if not name.startswith(COUNTERS) or not name.endswith("_total"):
             continue
-        name_labels, _, val = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
-        if not name.endswith("_total"):  # prometheus_client also writes *_created timestamps
-            continue
-        m = re.search(r'position="(\d+)"', name_labels)
-        key = f"{name}[{m.group(1)}]" if m else name
-        out[key] = out.get(key, 0.0) + float(val)
+        pos = labels.get("position")
+        key = f"{name}[{pos}]" if pos is not None and pos.isdigit() else name
+        out[key] = out.get(key, 0.0) + value
     return out or None
 
 

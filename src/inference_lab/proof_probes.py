@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference_image.bench import read_url
+from inference_image.bench import metric_samples, read_url
 from inference_image.bounded_http import Answer, fetch
 from inference_image.profiles import (
     Resolved,
@@ -243,11 +243,11 @@ def parse_engine_steps(text: str) -> tuple[float, float]:
     """vLLM's engine steps so far (the count of its per-step token histogram) and the tokens it
     generated, from a Prometheus text page (summed over engines)."""
     steps = tokens = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:iteration_tokens_total_count"):
-            steps += float(line.rpartition(" ")[2])
-        elif line.startswith("vllm:generation_tokens_total"):
-            tokens += float(line.rpartition(" ")[2])
+    for name, _, value in metric_samples(text):
+        if name == "vllm:iteration_tokens_total_count":
+            steps += value
+        elif name == "vllm:generation_tokens_total":
+            tokens += value
     return steps, tokens
 
 
