@@ -293,9 +293,15 @@ def test_inspect_without_a_python_or_a_cache_root_says_which_is_missing(tmp_path
 def test_the_record_of_what_a_start_reads_lists_its_libraries_and_modules(tmp_path: Path) -> None:
     """The inspection's recording part, run by a real interpreter: the modules it imported (their
     compiled files, extension modules as they are) and the shared libraries it mapped; a module
-    that is not there is skipped, not fatal."""
+    that is not there is skipped, not fatal, and so is a lazy module whose attributes import what
+    is not installed (transformers' do: the cpu image has no torchvision)."""
     from inference_image.startup import prepare
-    script = "NAMES = ['json', 'ctypes', 'no_such_module_here']\n" + prepare.RECORD_READS
+    lazy = ("import sys, types\n"
+            "class Lazy(types.ModuleType):\n"
+            "    def __getattr__(self, name):\n"
+            "        raise ModuleNotFoundError(\"No module named 'torchvision'\")\n"
+            "sys.modules['lazy_like_transformers'] = Lazy('lazy_like_transformers')\n")
+    script = lazy + "NAMES = ['json', 'ctypes', 'no_such_module_here']\n" + prepare.RECORD_READS
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True, timeout=60)
     reads = prepare.reads_from("a vLLM log line\n" + proc.stdout)

@@ -38,30 +38,38 @@ PREFETCH_THREADS = 8
 # "READS {"libs": [...], "modules": [...]}"
 RECORD_READS = """
 import importlib, json, os, sys
-for _name in NAMES:
-    if _name:
-        try:
-            importlib.import_module(_name)
-        except Exception:
-            pass
-_seen, _modules, _libs = set(), [], []
-def _add(path, into):
-    real = os.path.realpath(path)
-    if real not in _seen and os.path.isfile(real):
-        _seen.add(real)
-        into.append(real)
-for _m in list(sys.modules.values()):
-    _cached, _file = getattr(_m, "__cached__", None), getattr(_m, "__file__", None)
-    for _f in (_cached, _file) if isinstance(_file, str) and _file.endswith(".py") else (_file,):
-        if isinstance(_f, str) and os.path.isfile(_f):
-            _add(_f, _modules)
-            break
-with open("/proc/self/maps") as _maps:
-    for _line in _maps:
-        _parts = _line.split(None, 5)
-        if len(_parts) == 6 and ".so" in _parts[5]:
-            _add(_parts[5].strip(), _libs)
-print("READS " + json.dumps({"libs": _libs, "modules": _modules}), flush=True)
+def _record(names):
+    for name in names:
+        if name:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    seen, modules, libs = set(), [], []
+    def add(path, into):
+        real = os.path.realpath(path)
+        if real not in seen and os.path.isfile(real):
+            seen.add(real)
+            into.append(real)
+    for m in list(sys.modules.values()):
+        # the module's own attributes only: a lazy module (transformers') imports what an
+        # attribute it lacks names, and that import may fail
+        d = getattr(m, "__dict__", None) or {}
+        cached, file = d.get("__cached__"), d.get("__file__")
+        for f in (cached, file) if isinstance(file, str) and file.endswith(".py") else (file,):
+            if isinstance(f, str) and os.path.isfile(f):
+                add(f, modules)
+                break
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and ".so" in parts[5]:
+                add(parts[5].strip(), libs)
+    return {"libs": libs, "modules": modules}
+try:
+    print("READS " + json.dumps(_record(NAMES)), flush=True)
+except Exception as exc:  # the inspection stands without the record
+    print(f"READS-FAILED {type(exc).__name__}: {exc}", flush=True)
 """
 
 
