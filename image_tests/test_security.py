@@ -239,13 +239,38 @@ def test_every_unit_is_at_or_under_its_exposure_ceiling(root: Any, profile: dict
 
 def test_api_key_private(root: Any, profile: dict[str, Any], api_key: HostKey) -> None:
     paths = profile["paths"]
-    for path in (paths["api_key"], paths["api_key_map"], paths["tls_key"]):
+    for path in (paths["api_key"], paths["api_key_map"], paths["scrape_token"],
+                 paths["scrape_token_map"], paths["tls_key"]):
         f = root.file(path)
         assert f.user == "root" and f.mode & 0o077 == 0, f"{path} is {oct(f.mode)} {f.user}:{f.group}"
     key = root.file(api_key.path).content_string.strip()
     assert len(key) >= 32, "the API key is shorter than 32 characters"
     args = root.run("ps -eo args").stdout
     assert key not in args, "the API key is on a command line (visible to every user)"
+
+
+@pytest.mark.serving
+def test_metrics_are_scraped_with_the_scrape_token_and_nothing_else(
+        root: Any, profile: dict[str, Any], public: Public, api_key: HostKey) -> None:
+    """A remote Prometheus reads each of the machine's metrics targets (router.scrape) on the
+    public port, /metrics/<target>, with the scrape token first boot made; without a token, or
+    with the API key, it is refused, and the scrape token opens no API route."""
+    targets = profile["router"]["scrape"]
+    assert targets == [i["name"] for i in profile["instances"]] + ["router", "node"], targets
+    token = HostKey(profile["paths"]["scrape_token"])
+    assert root.file(token.path).content_string.strip() != \
+        root.file(api_key.path).content_string.strip(), "the scrape token is the API key"
+    for target in targets:
+        got = http(root, public, f"/metrics/{target}", key=token)
+        assert got.status == 200 and "# TYPE " in got.body, f"/metrics/{target}: {got.status} " \
+            f"{got.body[:200]}"
+        assert http(root, public, f"/metrics/{target}").status == 401
+        assert http(root, public, f"/metrics/{target}", key=api_key).status == 401
+    first = targets[0]
+    assert "vllm:" in http(root, public, f"/metrics/{first}", key=token).body, \
+        f"/metrics/{first} is not vLLM's"
+    assert http(root, public, "/v1/models", key=token).status == 401, "the scrape token opened the API"
+    assert http(root, public, "/metrics/no-such-target", key=token).status in (401, 404)
 
 
 # ---- bad and hostile input at the public port ----------------------------------------------------

@@ -172,3 +172,24 @@ def test_sysprep_removes_every_per_machine_file(tmp_path: Path) -> None:
     assert check.returncode == 1
     for p in made:
         assert f"per-machine file left: {root}{p}" in check.stdout
+
+
+def test_first_boot_makes_a_scrape_token_apart_from_the_api_key(tmp_path: Path) -> None:
+    """The scrape token (router.scrape): root's alone, not the API key, kept across boots and
+    replaced per instance with the key; nginx's map of it names it whole. With router.scrape off
+    the public port has no /metrics/<target> route and nginx reads no scrape map."""
+    r, root = _render(tmp_path), tmp_path / "root"
+    assert _boot(r, root).returncode == 0
+    token, key = _at(root, "scrape_token"), _at(root, "api_key")
+    assert token.stat().st_mode & 0o777 == 0o600
+    first = token.read_text()
+    assert len(first) == 64 and first != key.read_text()
+    assert _at(root, "scrape_token_map").read_text() == f'"Bearer {first}" 1;\n'
+    assert _boot(r, root).returncode == 0 and token.read_text() == first
+    assert _boot(r, root, "--force").returncode == 0 and token.read_text() != first
+    conf = (r / "etc/nginx/conf.d/inference-image.conf").read_text()
+    assert "location = /metrics/vllm-0 {" in conf and "proxy_pass http://127.0.0.1:29000/metrics;" \
+        in conf
+    off = _render(tmp_path / "off", "router.scrape=false")
+    conf = (off / "etc/nginx/conf.d/inference-image.conf").read_text()
+    assert "/metrics/" not in conf.replace("/metrics;", "") and "scrape-token" not in conf

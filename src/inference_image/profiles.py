@@ -147,7 +147,8 @@ class Resolved:
 # tier as it ships (docs/benchmarks.md). A field whose default changes what serves is not listed.
 DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.page_cache_prefetch": False,
-                                     "serving.cudagraph_prefill_step": None}
+                                     "serving.cudagraph_prefill_step": None,
+                                     "router.scrape": True}
 
 
 def _cc(cc: str | None) -> tuple[int, int]:

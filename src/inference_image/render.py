@@ -31,6 +31,10 @@ PATHS = {
     "units": "/etc/inference-image/units",
     "api_key": "/etc/inference-image/api-key",
     "api_key_map": "/etc/inference-image/api-key.nginx",
+    # the token a remote Prometheus scrapes the public port's /metrics/<target> with (root only,
+    # made per machine by firstboot like the API key, and not the API key)
+    "scrape_token": "/etc/inference-image/scrape-token",
+    "scrape_token_map": "/etc/inference-image/scrape-token.nginx",
     "models": "/var/lib/inference-image/models",
     "cache": "/var/cache/inference-image",
     "vllm_venv": "/opt/vllm",
@@ -69,8 +73,8 @@ PATHS["leaving"] = PATHS["cache"] + "/leaving"
 # What first boot makes on each machine (and the ACME account, certificate and request that
 # belong to one machine's domain, and the fleet role its user-data gave it), and sysprep removes
 # before a snapshot.
-MACHINE_FILES = ("api_key", "api_key_map", "tls_cert", "tls_key", "public_listen", "endpoint",
-                 "acme_conf", "acme_state", "fleet")
+MACHINE_FILES = ("api_key", "api_key_map", "scrape_token", "scrape_token_map", "tls_cert",
+                 "tls_key", "public_listen", "endpoint", "acme_conf", "acme_state", "fleet")
 # the config.json shapes the models role checks an installed model against (what the render
 # sized the image by); the rest of a config (vocabulary, positions) a checkpoint may differ in
 CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
@@ -435,7 +439,8 @@ def profile_document(r: Resolved) -> dict[str, Any]:
         "router": {"port": p.router.port, "internal_port": p.router.internal_port,
                    "metrics_port": p.router.metrics_port, "tls": p.router.tls,
                    "rate_limit_rps": p.router.rate_limit_rps,
-                   "rate_limit_burst": p.router.rate_limit_burst},
+                   "rate_limit_burst": p.router.rate_limit_burst,
+                   "scrape": [t["name"] for t in scrape_targets(r)]},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
         "machine_files": machine_files(),
@@ -553,6 +558,16 @@ def listen_address(r: Resolved) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+def scrape_targets(r: Resolved) -> list[dict[str, Any]]:
+    """What the public port serves under /metrics/<name> (router.scrape): each vLLM instance, the
+    router's Prometheus port and node exporter, each on its loopback port; [] when off."""
+    if not r.profile.router.scrape:
+        return []
+    return [*({"name": i.name, "job": "vllm", "port": i.port} for i in r.instances),
+            {"name": "router", "job": "vllm-router", "port": r.profile.router.metrics_port},
+            {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"]}]
+
+
 def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
@@ -562,7 +577,7 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
            "firewall_table": FIREWALL_TABLE,
            "digest": r.digest, "listen": listen_address(r), "limits": LIMITS,
            "model": served_model_name(r),
-           "serve_during_build": serve_during_build(r)}
+           "serve_during_build": serve_during_build(r), "scrape_targets": scrape_targets(r)}
     out: dict[str, tuple[str, int]] = {}
 
     def tpl(src: str, dst: str, mode: int = 0o644, **extra: Any) -> None:

@@ -362,6 +362,10 @@ class Router(Strict):
         "routes before 429 (0: no limit; clients on the machine's loopback are not limited)")
     rate_limit_burst: int = Field(200, ge=0, le=1_000_000,
                                   description="requests above the rate a client may send at once")
+    scrape: bool = Field(
+        True, description="serve the machine's metrics (each vLLM instance, the router, node "
+        "exporter) on the public port under /metrics/<target> to a holder of the scrape token "
+        "first boot makes (root only, not the API key); false: those routes are 404")
 
     @field_validator("bind")
     @classmethod
