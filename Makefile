@@ -15,10 +15,10 @@ help: ## this list
 	@awk -F':.*## ' '/^##@ /{printf "\n%s\n", substr($$0, 5); next} /^[a-z0-9][a-z0-9-]*:.*## /{printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Debian/Ubuntu packages the targets use (needs root): podman etc. for molecule, Packer and qemu for
-# images, cloud-image-utils for booting them.
+# images, cloud-image-utils for booting them, prometheus for promtool (docs/operations.md's scrape config).
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
-	curl iproute2
+	curl iproute2 prometheus
 
 deps: ## apt-get install the system packages every target needs (root)
 	@echo "make deps: apt-get install $(words $(DEB_PACKAGES)) packages (a few minutes on a fresh machine)"

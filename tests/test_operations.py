@@ -1,0 +1,62 @@
+"""docs/operations.md's Prometheus scrape configuration is one Prometheus takes (its own
+`promtool check config`, with the token and certificate files it names made for real) and names
+the targets the image serves under /metrics/<target>."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+from conftest import ROOT
+
+from inference_image.profiles import resolve
+from inference_image.render import scrape_targets
+
+DOC = ROOT / "docs/operations.md"
+
+
+def scrape_config() -> str:
+    text = DOC.read_text()
+    block = text.split("<!-- scrape-config: begin -->\n", 1)[1].split("<!-- scrape-config: end -->")[0]
+    m = re.fullmatch(r"```yaml\n(.*)```\n", block, re.S)
+    assert m, "the scrape config is not one yaml block between its markers"
+    return m.group(1)
+
+
+def test_the_documented_scrape_config_is_one_prometheus_takes(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (make deps installs it)"
+    config = scrape_config()
+    job = yaml.safe_load(config)["scrape_configs"][0]
+    token = Path(job["authorization"]["credentials_file"])
+    cert = Path(job["tls_config"]["ca_file"])
+    local = tmp_path / "etc"
+    local.mkdir()
+    (local / token.name).write_text("0" * 64 + "\n")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=t",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(local / cert.name)],
+                   check=True, capture_output=True)
+    config = config.replace(str(token), str(local / token.name)).replace(str(cert),
+                                                                        str(local / cert.name))
+    path = tmp_path / "prometheus.yml"
+    path.write_text(config)
+    run = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                         text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # and promtool refuses what is no config: the check above can fail
+    path.write_text(config.replace("scrape_configs", "scrape_config"))
+    assert subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                          check=False).returncode != 0
+
+
+def test_the_documented_targets_are_what_a_one_instance_tier_serves() -> None:
+    job = yaml.safe_load(scrape_config())["scrape_configs"][0]
+    paths = [s["labels"]["__metrics_path__"] for s in job["static_configs"]]
+    served = [f"/metrics/{t['name']}" for t in scrape_targets(resolve("h100"))]
+    assert paths == served, (paths, served)
+    assert all(s["labels"]["target"] == s["labels"]["__metrics_path__"].rsplit("/", 1)[1]
+               for s in job["static_configs"])
