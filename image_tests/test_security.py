@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public, http, tcp_open, wait_for
 
+from inference_image.bench import metric_samples
+from inference_image.observability import rules_metrics
 from inference_image.render import EXPOSURE_CEILINGS, FIREWALL_TABLE
 
 # Most checks need the stack serving; the ones on files, the firewall and the ports closed to the
@@ -271,6 +273,26 @@ def test_metrics_are_scraped_with_the_scrape_token_and_nothing_else(
         f"/metrics/{first} is not vLLM's"
     assert http(root, public, "/v1/models", key=token).status == 401, "the scrape token opened the API"
     assert http(root, public, "/metrics/no-such-target", key=token).status in (401, 404)
+
+
+# what Prometheus makes itself for every target, served by none
+PROMETHEUS_MADE = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+
+
+@pytest.mark.serving
+def test_every_shipped_alert_rule_reads_metrics_the_machine_serves(
+        root: Any, profile: dict[str, Any], public: Public) -> None:
+    """docs/operations/alerts.yml against what this machine serves to a scraper: a rule on a
+    metric no target exports would never fire."""
+    token = HostKey(profile["paths"]["scrape_token"])
+    served: set[str] = set()
+    for target in profile["router"]["scrape"]:
+        served |= {name for name, _, _ in
+                   metric_samples(http(root, public, f"/metrics/{target}", key=token).body)}
+    assert len(served) > 100, f"too few metrics read to judge: {sorted(served)[:20]}"
+    missing = {alert: sorted(names - served - PROMETHEUS_MADE)
+               for alert, names in rules_metrics().items() if names - served - PROMETHEUS_MADE}
+    assert not missing, f"rules on metrics nobody serves: {missing}"
 
 
 # ---- bad and hostile input at the public port ----------------------------------------------------

@@ -60,3 +60,25 @@ def test_the_documented_targets_are_what_a_one_instance_tier_serves() -> None:
     assert paths == served, (paths, served)
     assert all(s["labels"]["target"] == s["labels"]["__metrics_path__"].rsplit("/", 1)[1]
                for s in job["static_configs"])
+
+
+def test_the_shipped_alert_rules_are_ones_prometheus_takes(tmp_path: Path) -> None:
+    """docs/operations/alerts.yml passes `promtool check rules`; each rule says what is wrong
+    (summary) and how bad (severity), and reads metrics the image tests can look for."""
+    from inference_image.observability import ALERTS, metric_names, rules_metrics
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (make deps installs it)"
+    run = subprocess.run([promtool, "check", "rules", str(ROOT / ALERTS)], capture_output=True,
+                         text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = yaml.safe_load((ROOT / ALERTS).read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    assert rules and all(r["labels"]["severity"] in ("critical", "warning", "info") and
+                         r["annotations"]["summary"] for r in rules)
+    assert all(rules_metrics().values()), "a rule whose metrics were not found"
+    assert metric_names('histogram_quantile(0.9, sum by (le) (rate(a_bucket{x="y"}[5m]))) > 1e9'
+                        " and on(instance) b") == {"a_bucket", "b"}
+    bad = tmp_path / "bad.yml"
+    bad.write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: rate(x[5m]\n")
+    assert subprocess.run([promtool, "check", "rules", str(bad)], capture_output=True,
+                          check=False).returncode != 0
