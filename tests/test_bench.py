@@ -222,7 +222,7 @@ class _Counters(http.server.BaseHTTPRequestHandler):
 
 
 # A stand-in for `vllm bench serve`: a warm-up run (it saves nothing) sends 100 prompt tokens,
-# none cached, and 10 drafts, none accepted; a measured run 1000 tokens, 250 cached, 100 drafts
+# none cached, and 10 drafts, none accepted; a measured run of 1000 tokens, 250 cached, 100 drafts
 # of 3 tokens, 150 accepted, and saves its result.
 FAKE_BENCH = """
 import json, urllib.request
@@ -313,7 +313,7 @@ def test_counters_of_the_instances_behind_a_router_are_summed():
 
 def test_compare_sets_a_row_against_its_own_configuration_only():
     """A result of several configurations (a proof's vanilla and image rows) compared with itself
-    reads 1.00x in every row: rows of two configurations at one concurrency are never crossed."""
+    reads one times itself in every row: rows of two configurations at one concurrency are never crossed."""
     def row(config, tok):
         return bench.row_from_result({"output_throughput": tok, "p99_ttft_ms": 10}, "chat", 4, config)
     both = {"runs": [row("vanilla", 1000.0), row("image", 1970.0)]}

@@ -1,5 +1,5 @@
 """The gpu suite's reading of a vLLM instance's journal (image_tests/test_gpu.py), on the log lines
-an H200 printed in run 21 and an H100 in run 24 (docs/benchmarks/2026-11-2*-proof-run2*.json,
+an H200 and an H100 printed (docs/benchmarks.md#run-21, #run-24, their records'
 `backends`; the table at the image's path): the check passes on the image's own table and fails,
 naming the fix, on another chip's; each plugin part the profile turns on must have logged."""
 
@@ -66,7 +66,7 @@ def test_no_table_and_no_plugin_fail() -> None:
             "InferenceImageFP8ScaledMMLinearKernel", "CutlassFP8ScaledMMLinearKernel"))
 
 
-# run 24, h100 as committed (eft-on-3): the two plugin parts beside the FP8 dispatch
+# docs/benchmarks.md#run-24, h100 as committed (eft-on-3): the two plugin parts beside the FP8 dispatch
 H100_LOG = LOG.format(table=H200_TABLE.replace("nvidia-h200", "hopper"),
                       device="NVIDIA H100 80GB HBM3") + """\
 (EngineCore pid=3646) INFO inference-image: decode batches of <= 8 tokens, one query token a \
@@ -93,7 +93,8 @@ def test_the_plugin_parts_the_profile_turns_on_logged() -> None:
         check_h100(H100_LOG.replace("a step that only prefills", "a step"))
 
 
-# plugin parts the h100 profile turns on since runs 37-38: the setting, the line the part logged
+# plugin parts the h100 profile turns on since docs/benchmarks.md#run-37 and #run-38: the setting, the line
+# the part logged
 # there, and what the suite says when the line is missing
 PARTS = {
     "decode-graphs": ({"cudagraph_mode": "full_and_decode"},
@@ -127,7 +128,7 @@ def test_a_draft_of_other_heads_has_the_plugins_schedule_where_the_render_turned
     h200 = LOG.format(table=H200_TABLE, device="NVIDIA H200")
     line = ("(EngineCore pid=1480) INFO 11-27 11:16:26 [schedule.py:66] inference-image: "
             "FlashAttention layers of other heads than the target's (a draft's) run without the "
-            "target's FA3 schedule\n")  # run 43's log
+            "target's FA3 schedule\n")  # docs/benchmarks.md#run-43's log
     switch = "INFERENCE_UNIT=vllm-0\nINFERENCE_IMAGE_DRAFT_SCHEDULE=1\n"
 
     def check(log: str, env: str) -> None:

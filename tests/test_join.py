@@ -204,7 +204,7 @@ def test_a_leaving_instance_is_removed_from_the_router_and_drained(machine: Path
 
 def test_the_drain_fits_in_the_stop_timeout_systemd_gives_it() -> None:
     """systemd ends an ExecStop at TimeoutStopSec: the router call (3 s) plus the drain, polled
-    at most 1.5 s past its end, must fit, or a drain would be cut where the leave said it waits."""
+    at most 1500 ms past its end, must fit, or a drain would be cut where the leave said it waits."""
     assert 3 + LIMITS["drain_s"] + 1.5 < LIMITS["stop_timeout_s"]
 
 

@@ -295,7 +295,8 @@ def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
 
 
 def test_triton_verify_reaches_the_unit_environment_beside_its_token_limit(tmp_path):
-    render(resolve("h100", ROOT / "profiles"), tmp_path)  # the h100 profile sets it (run 38)
+    # the h100 profile sets it (docs/benchmarks.md#run-38)
+    render(resolve("h100", ROOT / "profiles"), tmp_path)
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env
     assert "INFERENCE_IMAGE_TRITON_DECODE_VERIFY=1\n" in env  # read by the plugin's register()
@@ -345,7 +346,8 @@ def test_whole_step_graphs_join_the_capture_size_in_one_compilation_config():
     # vLLM's default mode renders nothing new: the line every tier rendered before the field
     assert compilation("serving.cudagraph_mode=full_and_piecewise") == {
         "max_cudagraph_capture_size": 2048}
-    assert compilation() == {"max_cudagraph_capture_size": 2048,  # the h100 profile's own (run 38)
+    # the h100 profile's own (docs/benchmarks.md#run-38)
+    assert compilation() == {"max_cudagraph_capture_size": 2048,
                              "cudagraph_mode": "FULL"}
     assert compilation("serving.cudagraph_mode=full") == {
         "max_cudagraph_capture_size": 2048, "cudagraph_mode": "FULL"}
@@ -386,8 +388,9 @@ def test_draft_schedule_reaches_the_unit_environment_where_a_draft_has_other_hea
 
 
 def test_an_nvswitch_tier_turns_nvlink_multicast_off_in_nccl_and_torch_and_vllm(tmp_path):
-    """Every instance of a tier on NVSwitch serves the all-reduces runs 42-47 measured: NCCL without
-    NVLS, and vLLM's own rather than torch's symmetric memory (which vLLM 0.26 takes by default
+    """Every instance of a tier on NVSwitch serves the all-reduces measured
+    (docs/benchmarks.md#run-42 to #run-47): NCCL without NVLS, and vLLM's own rather than torch's
+    symmetric memory (which vLLM 0.26 takes by default
     where multicast works); a tier of one GPU has no all-reduce to set."""
     off = ("NCCL_NVLS_ENABLE=0\n", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1\n",
            "VLLM_ALLREDUCE_USE_SYMM_MEM=0\n")

@@ -76,7 +76,7 @@ def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) ->
         # the busy loop is the innermost frame most of the window, and it is work
         leaf = main["leaves"][0][0]
         by_spinner[stacks.function(leaf).rsplit(":", 1)[-1]] = main
-        # about 1 s of spinning in a 1.5 s window, the rest a wait
+        # about 1 s of spinning in a 1500 ms window, the rest a wait
         assert 0.4 < main["working"] < 0.95 and main["waiting"] > 0.05, (proc_name, main)
     assert set(by_spinner) == {"spin_parent", "spin_child"}
     # each process's main thread spun ~1 s of the window on the CPU; the idler used none
@@ -128,7 +128,7 @@ def test_gil_bound_work_is_booked_where_it_runs_not_at_the_next_release(tmp_path
     inclusive = dict(main["inclusive"])
     schedule = next(v for f, v in inclusive.items() if f.endswith(":schedule"))
     launch = next((v for f, v in inclusive.items() if f.endswith(":launch")), 0.0)
-    # 1 s of the 1.3 s window in the loop, 4 ms of Python to ~0.1-0.2 ms asleep
+    # 1 s of the 1300 ms window in the loop, 4 ms of Python to a fraction of a ms asleep
     assert schedule > 0.6 and launch < 0.1, inclusive
 
 

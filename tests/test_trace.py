@@ -114,7 +114,8 @@ def test_fa3_is_attention_and_a_cut_name_keeps_its_whole_text() -> None:
 
 
 def test_prompt_steps_list_the_steps_around_a_prompt_read_beside_decoding_streams() -> None:
-    """A first token sent while other streams decode (run 31's h200 c=2 gap): the trace lists the
+    """A first token sent while other streams decode (docs/benchmarks.md#run-31's h200 c=2 gap): the trace
+    lists the
     steps around the one that reads the prompt, each with its GPU span, the GPU idle before it and
     the host's time launching it, so the ms between send and first token can be placed."""
     def step(name: str, ts: float, dur: float, cat: str = "gpu_user_annotation") -> dict:
@@ -145,7 +146,8 @@ def test_prompt_steps_list_the_steps_around_a_prompt_read_beside_decoding_stream
 
 
 def test_prompt_passes_say_whether_the_gpu_waits_on_the_host() -> None:
-    """Run 36: a prefix-cache hit left the h100 image a 336-token pass whose FP8 GEMMs finished
+    """docs/benchmarks.md#run-36: a prefix-cache hit left the h100 image a 336-token pass whose FP8 GEMMs
+    finished
     before the host had issued the next layer; a fresh 1024-token pass kept the GPU busier than
     the host. Each probe's pass: its GPU span, the busy time inside that span only, the host's
     time issuing it and its median attention op."""
@@ -159,7 +161,7 @@ def test_prompt_passes_say_whether_the_gpu_waits_on_the_host() -> None:
     events = [
         ann(hit, 1_000, 14_000, "user_annotation"), ann(hit, 1_500, 14_000),
         _k("nvjet_sm90_qqtst_256x112", 1_500, 4_000), _k("nvjet_sm90_qqtst_256x112", 9_000, 4_000),
-        _k("triton_draft_pass", 15_000, 2_000),  # runs past the pass: only 0.5 ms of it counts
+        _k("triton_draft_pass", 15_000, 2_000),  # runs past the pass: only 500 us of it counts
         attn(2_000, 150), attn(3_000, 250), attn(4_000, 200),
         attn(40_000, 900),  # outside any host pass
         ann(fresh, 50_000, 10_000, "user_annotation"), ann(fresh, 50_500, 16_000),
