@@ -281,9 +281,11 @@ PROMETHEUS_MADE = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 @pytest.mark.serving
 def test_every_shipped_alert_rule_reads_metrics_the_machine_serves(
-        root: Any, profile: dict[str, Any], public: Public) -> None:
+        root: Any, profile: dict[str, Any], public: Public, api_key: HostKey) -> None:
     """docs/operations/alerts.yml against what this machine serves to a scraper: a rule on a
-    metric no target exports would never fire."""
+    metric no target exports would never fire. One request first: vLLM's HTTP counters appear
+    with the first request they count."""
+    assert http(root, public, "/v1/models", key=api_key).status == 200
     token = HostKey(profile["paths"]["scrape_token"])
     served: set[str] = set()
     for target in profile["router"]["scrape"]:
@@ -293,6 +295,76 @@ def test_every_shipped_alert_rule_reads_metrics_the_machine_serves(
     missing = {alert: sorted(names - served - PROMETHEUS_MADE)
                for alert, names in rules_metrics().items() if names - served - PROMETHEUS_MADE}
     assert not missing, f"rules on metrics nobody serves: {missing}"
+
+
+@pytest.mark.serving
+def test_a_real_prometheus_scrapes_every_target_with_the_token_and_not_without(
+        root: Any, profile: dict[str, Any], public: Public, outside_address: str,
+        tmp_path: Any) -> None:
+    """Debian's Prometheus, where the tests run, scrapes the machine from outside as
+    docs/operations.md says (the token and the certificate copied from it): every target up and
+    vLLM's series stored; the same targets with a wrong token are down, refused (401)."""
+    import shutil
+    import socket
+    import subprocess
+
+    import yaml
+
+    from inference_image.bounded_http import fetch
+
+    _behind_nat(outside_address)
+    prom = shutil.which("prometheus")
+    if prom is None:
+        pytest.skip("no prometheus where the tests run (make deps installs Debian's)")
+    paths = profile["paths"]
+    (tmp_path / "token").write_text(root.file(paths["scrape_token"]).content_string.strip())
+    (tmp_path / "wrong").write_text("0" * 64)
+    (tmp_path / "cert.pem").write_text(root.file(paths["tls_cert"]).content_string)
+    address = f"{outside_address}:{profile['router']['port']}"
+
+    def job(name: str, token: str) -> dict[str, Any]:
+        return {"job_name": name, "scheme": "https" if public.tls else "http",
+                "scrape_interval": "1s", "scrape_timeout": "1s",
+                "authorization": {"credentials_file": str(tmp_path / token)},
+                **({"tls_config": {"ca_file": str(tmp_path / "cert.pem")}} if public.tls else {}),
+                "static_configs": [{"targets": [address], "labels": {
+                    "__metrics_path__": f"/metrics/{t}", "target": t}}
+                    for t in profile["router"]["scrape"]]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(
+        {"scrape_configs": [job("inference-image", "token"), job("wrong-token", "wrong")]}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+    api = f"http://127.0.0.1:{port}/api/v1"
+    try:
+        health: dict[tuple[str, str], tuple[str, str]] = {}
+        end = time.monotonic() + 90
+        while time.monotonic() < end:
+            time.sleep(2)
+            try:
+                doc = json.loads(fetch(f"{api}/targets", deadline_s=5).body)
+            except (OSError, ValueError):
+                continue
+            health = {(t["labels"]["job"], t["labels"]["target"]): (t["health"], t["lastError"])
+                      for t in doc["data"]["activeTargets"]}
+            if len(health) == 2 * len(profile["router"]["scrape"]) and \
+                    "unknown" not in {h for h, _ in health.values()}:
+                break
+        up = {t: h for (j, t), h in health.items() if j == "inference-image"}
+        refused = {t: h for (j, t), h in health.items() if j == "wrong-token"}
+        assert up and all(h == "up" for h, _ in up.values()), f"not up: {up}"
+        assert refused and all(h == "down" and "401" in err for h, err in refused.values()), \
+            f"scraped with a wrong token: {refused}"
+        q = json.loads(fetch(f"{api}/query?query=vllm:num_requests_running", deadline_s=5).body)
+        assert q["data"]["result"], f"no vLLM series stored: {q}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
 
 
 # ---- bad and hostile input at the public port ----------------------------------------------------
