@@ -13,7 +13,7 @@ import pytest
 from conftest import HostKey, Public, http, tcp_open, wait_for
 
 from inference_image.bench import metric_samples
-from inference_image.observability import rules_metrics
+from inference_image.observability import dashboard_metrics, rules_metrics
 from inference_image.render import EXPOSURE_CEILINGS, FIREWALL_TABLE
 
 # Most checks need the stack serving; the ones on files, the firewall and the ports closed to the
@@ -280,11 +280,11 @@ PROMETHEUS_MADE = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
 @pytest.mark.serving
-def test_every_shipped_alert_rule_reads_metrics_the_machine_serves(
+def test_every_shipped_alert_rule_and_dashboard_panel_reads_metrics_the_machine_serves(
         root: Any, profile: dict[str, Any], public: Public, api_key: HostKey) -> None:
-    """docs/operations/alerts.yml against what this machine serves to a scraper: a rule on a
-    metric no target exports would never fire. One request first: vLLM's HTTP counters appear
-    with the first request they count."""
+    """docs/operations/alerts.yml and dashboard.json against what this machine serves to a
+    scraper: a rule or a panel on a metric no target exports would never fire or draw. One
+    request first: vLLM's HTTP counters appear with the first request they count."""
     assert http(root, public, "/v1/models", key=api_key).status == 200
     token = HostKey(profile["paths"]["scrape_token"])
     served: set[str] = set()
@@ -292,9 +292,10 @@ def test_every_shipped_alert_rule_reads_metrics_the_machine_serves(
         served |= {name for name, _, _ in
                    metric_samples(http(root, public, f"/metrics/{target}", key=token).body)}
     assert len(served) > 100, f"too few metrics read to judge: {sorted(served)[:20]}"
-    missing = {alert: sorted(names - served - PROMETHEUS_MADE)
-               for alert, names in rules_metrics().items() if names - served - PROMETHEUS_MADE}
-    assert not missing, f"rules on metrics nobody serves: {missing}"
+    wanted = {**rules_metrics(), **{f"panel {t}": m for t, m in dashboard_metrics().items()}}
+    missing = {what: sorted(names - served - PROMETHEUS_MADE)
+               for what, names in wanted.items() if names - served - PROMETHEUS_MADE}
+    assert not missing, f"rules or panels on metrics nobody serves: {missing}"
 
 
 @pytest.mark.serving

@@ -4,6 +4,7 @@ the targets the image serves under /metrics/<target>."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -82,3 +83,22 @@ def test_the_shipped_alert_rules_are_ones_prometheus_takes(tmp_path: Path) -> No
     bad.write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: rate(x[5m]\n")
     assert subprocess.run([promtool, "check", "rules", str(bad)], capture_output=True,
                           check=False).returncode != 0
+
+
+def test_every_dashboard_query_is_promql_prometheus_parses(tmp_path: Path) -> None:
+    """docs/operations/dashboard.json: each panel has a query, each query parses (promtool, as a
+    recording rule), and the dashboard picks its Prometheus and machines by variables."""
+    from inference_image.observability import DASHBOARD, dashboard_as_rules, dashboard_metrics
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (make deps installs it)"
+    rules = tmp_path / "dashboard-rules.yml"
+    rules.write_text(dashboard_as_rules())
+    run = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                         text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    metrics = dashboard_metrics()
+    assert metrics and all(metrics.values()), metrics
+    doc = json.loads((ROOT / DASHBOARD).read_text())
+    assert {v["name"] for v in doc["templating"]["list"]} == {"datasource", "instance"}
+    assert all(t["datasource"]["uid"] == "${datasource}" for p in doc["panels"]
+               for t in p["targets"])

@@ -1,9 +1,10 @@
-"""The alert rules the project ships for a Prometheus that scrapes its machines
-(docs/operations/alerts.yml): which metrics they read, so that a test can hold each to one a
-machine serves."""
+"""The alert rules and the Grafana dashboard the project ships for a Prometheus that scrapes its
+machines (docs/operations/alerts.yml, dashboard.json): which metrics they read, so that a test
+can hold each to one a machine serves, and the dashboard's queries as rules promtool can check."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import yaml
 from .profiles import project_root
 
 ALERTS = Path("docs/operations/alerts.yml")
+DASHBOARD = Path("docs/operations/dashboard.json")
+# what a dashboard variable stands for when its queries are checked outside Grafana
+VARIABLES = {"$instance": ".*"}
 # PromQL words that are no metric
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
              "unless", "bool", "offset"}
@@ -39,3 +43,33 @@ def rules_metrics(path: Path | None = None) -> dict[str, set[str]]:
     doc = yaml.safe_load((path or project_root() / ALERTS).read_text())
     return {r["alert"]: metric_names(str(r["expr"]))
             for g in doc["groups"] for r in g["rules"] if "alert" in r}
+
+
+def dashboard_queries(path: Path | None = None) -> dict[str, list[str]]:
+    """panel title -> its PromQL queries, the dashboard's variables given a value that matches
+    everything."""
+    doc = json.loads((path or project_root() / DASHBOARD).read_text())
+    out: dict[str, list[str]] = {}
+    for panel in doc["panels"]:
+        exprs = []
+        for target in panel.get("targets", []):
+            expr = str(target["expr"])
+            for var, value in VARIABLES.items():
+                expr = expr.replace(var, value)
+            exprs.append(expr)
+        out[str(panel["title"])] = exprs
+    return out
+
+
+def dashboard_metrics(path: Path | None = None) -> dict[str, set[str]]:
+    """panel title -> the metrics its queries read."""
+    return {title: set().union(*(metric_names(e) for e in exprs))
+            for title, exprs in dashboard_queries(path).items()}
+
+
+def dashboard_as_rules(path: Path | None = None) -> str:
+    """The dashboard's queries as recording rules, for `promtool check rules` to parse."""
+    rules = [{"record": f"dashboard:panel_{i}_{j}", "expr": e}
+             for i, exprs in enumerate(dashboard_queries(path).values())
+             for j, e in enumerate(exprs)]
+    return yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]})
