@@ -203,7 +203,7 @@ standin-models: ## weightless stand-ins (config + local tokenizer) of GPU=<tier>
 	  [ -s build/models-standin/$$m/config.json ] || $(BIN)/python scripts/make-test-model $$m build/models-standin/$$m || exit 1; done
 
 ##@ More tests, and cleaning up
-molecule-gpu-playbook: molecule-image ## the h100 tier's whole playbook in a container (vLLM CUDA stack, no GPU; slow: 3.6 GB of wheels)
+molecule-gpu-playbook: molecule-image ## the h100 tier's whole playbook in a container (vLLM CUDA stack, no GPU; slow: gigabytes of wheels)
 	$(MAKE) -s standin-models GPU=h100
 	scripts/fetch-wheels build/h100 >/dev/null
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH INFERENCE_RENDER_DIR=$(CURDIR)/build/h100 \

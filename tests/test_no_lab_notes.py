@@ -1,5 +1,6 @@
-"""Profiles, templates and roles are data and code: a comment says what a setting does and why,
-and links to its evidence; measured figures and run numbers live in docs/ only (issue 68)."""
+"""Profiles, templates, roles, playbooks, Packer, scripts and the build files are data and
+code: a comment says what a setting does and why, and links to its evidence; measured figures
+and run numbers live in docs/ only (issue 68)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ def comments(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-FILES = sorted(p for d in ("profiles", "templates", "roles") for p in (ROOT / d).rglob("*")
-               if p.is_file() and p.suffix in (".yaml", ".yml", ".j2", "") and "files/locks" not in str(p))
+FILES = sorted({*(p for d in ("profiles", "templates", "roles", "ansible", "packer", "scripts", ".ci")
+                  for p in (ROOT / d).rglob("*")
+                  if p.is_file() and p.suffix in (".yaml", ".yml", ".j2", ".hcl", ".sh", "")
+                  and "files/locks" not in str(p)),
+                ROOT / "Makefile", ROOT / "requirements.txt", ROOT / "pyproject.toml"})
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
