@@ -8,7 +8,7 @@ GPU ?= cpu
 OUT ?= build/$(GPU)
 
 .PHONY: help deps setup test unit evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
-	gpu-proof-help verify image image-guard image-inputs validate boot boot-stop e2e clean
+	gpu-proof-help verify image image-guard image-inputs packer-validate boot boot-stop e2e clean
 
 ##@ Start here
 help: ## this list
@@ -102,7 +102,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
 	  roles/sysprep/files/*; do bash -n $$f; done
-	$(MAKE) -s validate
+	$(MAKE) -s packer-validate
 
 ##@ Profiles, renders and the evidence
 profiles: setup ## table of GPU tiers
@@ -175,13 +175,13 @@ else
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_qemu) $(PACKER_VARS) -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) $$extra packer/
 endif
 
-# $(call packer_validate,BUILDER): inside validate's loop over tiers ($$t)
+# $(call packer_validate,BUILDER): inside packer-validate's loop over tiers ($$t)
 packer_validate = DIGITALOCEAN_TOKEN=placeholder PATH=$(CURDIR)/$(BIN):$$PATH packer validate -only=$(PACKER_ONLY_$(1)) \
 	  $(call packer_vars,$$t,$(1),$(CURDIR)/build/validate/$$t-$(1),$(CURDIR)/build/images/$$t-digitalocean) \
 	  -var qemu_base_image=$(CURDIR)/$(BASE_IMAGE) packer/ >/dev/null \
 	  && echo "packer validate: $$t $(1) ok" || { echo "packer validate: $$t $(1) FAILED" >&2; exit 1; }
 
-validate: setup ## packer validate, every tier x builder, with a placeholder token
+packer-validate: setup ## packer validate, every tier x builder, with a placeholder token (profiles: validate-profiles)
 	@set -e; for t in $$($(BIN)/inference-image profiles --names); do \
 	  $(MAKE) -s image-inputs GPU=$$t BUILDER=digitalocean >/dev/null; \
 	  $(call packer_validate,digitalocean); \
