@@ -337,3 +337,26 @@ def test_results_files_hold_finite_json_only(tmp_path) -> None:
     runner.results = {"runs": {"a": [{"output_tok_s": float("nan")}]}}
     runner.save()
     assert "NaN" not in (tmp_path / "proof.json").read_text()
+
+
+def test_compare_reads_the_records_the_readme_links(capsys) -> None:
+    """`bench compare` takes a proof record of docs/benchmarks/ (the README's status table links
+    them): one machine's rows as FILE#MACHINE, set against another file's; a record whose rows
+    are of several machines names them, never mixing two."""
+    from conftest import ROOT
+
+    from inference_image.cli import main
+    readme = (ROOT / "README.md").read_text()
+    run = re.search(r"docs/benchmarks\.md#run-(\d+)", readme)[1]
+    (record,) = (ROOT / "docs/benchmarks").glob(f"*-proof-run{run}.json")
+    machines = [n for n, m in json.loads(record.read_text())["machines"].items() if m.get("runs")]
+    first = f"{record}#{machines[0]}"
+    assert main(["bench", "compare", first, first]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")][1:]
+    assert rows and all("| 1.00x |" in ln for ln in rows), rows
+    if len(machines) > 1:
+        assert main(["bench", "compare", str(record), first]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(m in err for m in machines) and "#MACHINE" in err
+    assert main(["bench", "compare", f"{record}#no-such-machine", first]) == 1
+    assert "no machine 'no-such-machine'" in capsys.readouterr().err

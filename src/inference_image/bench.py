@@ -607,19 +607,53 @@ def out_problem(out: str) -> str | None:
     return None
 
 
+def _proof_rows(doc: Any, path: str, machine: str) -> Any:
+    """The bench rows of a proof record (docs/benchmarks/*-proof-run*.json, as the README links
+    them) or of one machine's proof.json, as a result of `bench run` holds them; other
+    documents as they are. A record's machines are never mixed: one that holds rows of several
+    needs FILE#MACHINE."""
+    if isinstance(doc, dict) and doc.get("kind") == "proof" and isinstance(doc.get("machines"), dict):
+        rows = {n: m for n, m in doc["machines"].items() if isinstance(m, dict) and m.get("runs")}
+        if machine:
+            if machine not in rows:
+                raise ValueError(f"{path}: no machine {machine!r} with bench rows (it has: "
+                                 f"{', '.join(rows) or 'none'})")
+            doc = rows[machine]
+        elif len(rows) == 1:
+            doc = next(iter(rows.values()))
+        else:
+            raise ValueError(f"{path}: bench rows of {len(rows)} machines ({', '.join(rows) or '-'})"
+                             f"; rows of two machines are never compared. Fix: name one as "
+                             f"{path}#MACHINE")
+    elif machine:
+        raise ValueError(f"{path}#{machine}: only a proof record names machines")
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if isinstance(runs, dict):  # a proof's rows, by configuration
+        doc = {**doc, "runs": [{**r, "config": r.get("config") or label}
+                               for label, rs in runs.items() if isinstance(rs, list)
+                               for r in rs if isinstance(r, dict)]}
+    return doc
+
+
 def _bench_file(path: str) -> dict[str, Any]:
-    """A result of `bench run`: InputError or ValueError with what is wrong."""
+    """A result of `bench run`, a proof record or a machine's proof.json (FILE#MACHINE picks one
+    machine of a record): InputError or ValueError with what is wrong."""
+    machine = ""
+    if "#" in path and not Path(path).exists():
+        path, machine = path.rsplit("#", 1)
     try:
         doc = json.loads(read_text(Path(path), "result", 64 * 2**20))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno}). Fix: pass a JSON "
                          "file written by `bench run`") from None
+    doc = _proof_rows(doc, path, machine)
     runs = doc.get("runs") if isinstance(doc, dict) else None
     need = ("scenario", "concurrency", "output_tok_s", "ttft_ms_p99")
-    if not isinstance(runs, list) or not all(
+    if not isinstance(runs, list) or not runs or not all(
             isinstance(r, dict) and all(k in r for k in need) for r in runs):
-        raise ValueError(f"{path}: not a result of `bench run` (want {{\"runs\": [...]}} whose "
-                         f"rows have {', '.join(need)}). Fix: pass the .json `bench run` wrote")
+        raise ValueError(f"{path}: not a result of `bench run` or a proof record with bench rows "
+                         f"(want rows that have {', '.join(need)}). Fix: pass the .json `bench "
+                         "run` wrote, or a record under docs/benchmarks/")
     return doc
 
 
@@ -742,6 +776,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "vLLM's import per run")
     rp.set_defaults(func=cmd_run)
     cp = bsub.add_parser("compare", help="ratios B/A side by side")
-    cp.add_argument("a")
-    cp.add_argument("b")
+    for name in ("a", "b"):
+        cp.add_argument(name, help="a result of `bench run`, or a proof record of docs/benchmarks/ "
+                        "(FILE#MACHINE where it holds several machines' rows)")
     cp.set_defaults(func=cmd_compare)
