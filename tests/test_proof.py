@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import free_port, free_ports
 
 from inference_image import bench
 from inference_image.profiles import project_root, resolve
@@ -933,7 +933,7 @@ def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
     monkeypatch.setenv("STANDIN_LOG", str(requests))
     monkeypatch.setenv("PROOF_ROUTER_BIN", shutil.which("vllm-router",
                                                         path=str(Path(sys.executable).parent)) or "")
-    inst, internal, metrics = free_port(), free_port(), free_port()
+    inst, internal, metrics = free_ports(3)
     benched: list[dict[str, Any]] = []
 
     def bench_rows(self: proof.Runner, label: str, port: int, model: str, conc: list[int],
