@@ -144,6 +144,7 @@ class StandinApi:
         self.mangle: dict[str, Any] = {}
         self.dribble: set[str] = set()  # routes whose answer comes a byte a second
         self.reads: dict[int, int] = {}
+        self.active_after = 2  # a droplet is active from its this-many-th read
         ids = itertools.count(1001)
         api = self
 
@@ -192,7 +193,7 @@ class StandinApi:
                 if method == "GET" and u.path.startswith("/v2/droplets/"):
                     d = api.droplets[int(u.path.rsplit("/", 1)[1])]
                     api.reads[d["id"]] = api.reads.get(d["id"], 0) + 1
-                    if api.reads[d["id"]] >= 2:
+                    if api.reads[d["id"]] >= api.active_after:
                         d["status"] = "active"
                         d["networks"]["v4"] = [
                             {"ip_address": f"10.10.0.{d['id'] - 1000 + 1}", "type": "private"},
@@ -311,6 +312,19 @@ def test_an_up_that_fails_part_way_leaves_nothing(api: StandinApi, capsys) -> No
     assert "what this run had made is removed again" in err[0]
     assert not api.droplets and not api.firewalls
     assert api.made()[-1] == "DELETE /v2/droplets"
+
+
+def test_a_droplet_never_active_ends_the_wait_and_leaves_nothing(
+        api: StandinApi, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleet up` asks after a new droplet until READY_S: one never active is one line naming
+    it and its status, and what the run made is removed."""
+    monkeypatch.setattr(fleet, "READY_S", 0.3)
+    api.active_after = 10**9
+    assert cli.main(["fleet", "up", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not active with a private address after 0.3 s (status new)" in err[0], err
+    assert not api.droplets and not api.firewalls
+    assert sum(1 for m, p, _ in api.calls if m == "GET" and p.startswith("/v2/droplets/")) > 2
 
 
 def test_no_token_is_one_line_naming_it(api: StandinApi, monkeypatch: pytest.MonkeyPatch,

@@ -29,12 +29,12 @@ import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import tenacity
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, ValidationError
 
@@ -579,18 +579,27 @@ def up(p: Plan, c: Any, say: Callable[[str], None] = print) -> dict[str, Any]:
             "workers": [w["name"] for w in workers]}
 
 
+class _NotYet(Exception):
+    """A droplet not active with a private address yet (tenacity asks again)."""
+
+
 def _active_private(c: Any, d: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The droplet once it is active, and its private IPv4."""
-    t0 = time.monotonic()
-    while True:
+    """The droplet once it is active, and its private IPv4 (asked every POLL_S for READY_S; an
+    API error ends the wait at once)."""
+    def once() -> tuple[dict[str, Any], str]:
         got = _call(c, "droplets.get", droplet_id=d["id"])["droplet"]
         ip = _address(got, "private") if got.get("status") == "active" else None
-        if ip:
-            return got, ip
-        if time.monotonic() - t0 > READY_S:
-            raise FleetError(f"{d['name']} not active with a private address after {READY_S} s "
-                             f"(status {got.get('status')})")
-        time.sleep(POLL_S)
+        if not ip:
+            raise _NotYet(str(got.get("status")))
+        return got, ip
+    try:
+        return tenacity.Retrying(stop=tenacity.stop_after_delay(READY_S),
+                                 wait=tenacity.wait_fixed(POLL_S),
+                                 retry=tenacity.retry_if_exception_type(_NotYet),
+                                 reraise=True)(once)
+    except _NotYet as exc:
+        raise FleetError(f"{d['name']} not active with a private address after {READY_S} s "
+                         f"(status {exc})") from None
 
 
 def _vpc_range(p: Plan, c: Any) -> str:

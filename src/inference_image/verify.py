@@ -15,13 +15,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+import tenacity
 
 from .profiles import ProfileErrors, default_profiles_dir, project_root, resolve
 from .render import PATHS
@@ -157,15 +158,12 @@ def wait_ready(t: Target, identity: str | None, seconds: int, serving: bool = Tr
 
 
 def until(seconds: float, interval: float, attempt: Callable[[], T]) -> T:
-    """attempt() until it returns, for up to `seconds`; its last VerifyError is the one raised."""
-    end = time.monotonic() + seconds
-    while True:
-        try:
-            return attempt()
-        except VerifyError:
-            if time.monotonic() > end:
-                raise
-        time.sleep(interval)
+    """attempt() until it returns, for up to `seconds`; its last VerifyError is the one raised
+    (any other error at once)."""
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(seconds),
+                                 wait=tenacity.wait_fixed(interval),
+                                 retry=tenacity.retry_if_exception_type(VerifyError), reraise=True)
+    return retrying(attempt)
 
 
 def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> str:
