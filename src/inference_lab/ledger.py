@@ -10,7 +10,6 @@ docs/benchmarks/charts.json, with the reason for any row left out of a chart."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 import sys
@@ -217,13 +216,7 @@ def svg(title: str, panels: list[tuple[str, str, list[tuple[str, str, bool, dict
     """Panels side by side, each (title, unit, lines); a line is (name, colour, dashed,
     {concurrency: y}), x on a log-2 axis of the chart concurrencies, y from 0; one legend and the
     note under them. Drawn by matplotlib, deterministic (no date, a fixed hash salt)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"svg.hashsalt": "inference-image", "svg.fonttype": "none",
-                         "font.size": 9})
+    plt = ready_chart.pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.4, 3.6),
                              squeeze=False)
     for ax, (ptitle, unit, lines) in zip(axes[0], panels, strict=True):
@@ -247,10 +240,7 @@ def svg(title: str, panels: list[tuple[str, str, list[tuple[str, str, bool, dict
              fontsize=8, color="#57606a", va="top")
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return ready_chart.svg_text(fig, bbox_inches="tight")
 
 
 @dataclass

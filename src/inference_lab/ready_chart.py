@@ -62,8 +62,9 @@ def table(rows: list[Start]) -> str:
     return head
 
 
-def svg(tier: str, rows: list[Start]) -> str:
-    """A horizontal stacked bar a start, its phases left to right; deterministic SVG."""
+def pyplot() -> Any:
+    """matplotlib's pyplot, set for the ledger's deterministic SVG charts (no display, a fixed
+    hash salt, text as text)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,6 +72,20 @@ def svg(tier: str, rows: list[Start]) -> str:
 
     plt.rcParams.update({"svg.hashsalt": "inference-image", "svg.fonttype": "none",
                          "font.size": 9})
+    return plt
+
+
+def svg_text(fig: Any, **savefig: Any) -> str:
+    """The figure as SVG text without a date (the same chart, the same bytes); the figure closed."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, **savefig)
+    pyplot().close(fig)
+    return buf.getvalue()
+
+
+def svg(tier: str, rows: list[Start]) -> str:
+    """A horizontal stacked bar a start, its phases left to right; deterministic SVG."""
+    plt = pyplot()
     colors = plt.get_cmap("tab20").colors
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.4 * len(rows)))
     labels = [s.name() for s in rows]
@@ -95,7 +110,4 @@ def svg(tier: str, rows: list[Start]) -> str:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_xlim(0, max(s.answered_s for s in rows) * 1.12)
     fig.tight_layout()
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return svg_text(fig)
