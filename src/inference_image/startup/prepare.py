@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..inputs import InputError, read_text
-from .bundle import BundleError, _chown_tree, _owner_ids
+from .bundle import BundleError, _chown_tree, _owner_ids, _write_json
 
 # ---- the page cache ------------------------------------------------------------------------
 
@@ -273,17 +273,14 @@ def _write_reads(cache: str | None, reads: dict[str, list[str]] | None,
     if not cache or not reads:
         return "; no record of what a start reads"
     dest = Path(cache) / READS
-    tmp = dest.with_suffix(".tmp")
     try:
         if ids is None and dest.exists():  # replaced, it stays the owner's it was
             ids = (dest.stat().st_uid, dest.stat().st_gid)
-        tmp.write_text(json.dumps(reads) + "\n")
+        _write_json(dest, reads)
         if ids is not None:
             with contextlib.suppress(PermissionError):
-                os.chown(tmp, *ids)
-        tmp.replace(dest)
+                os.chown(dest, *ids)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         return f"; what a start reads was not recorded ({dest}: {exc.strerror or exc})"
     return (f"; recorded what a start reads ({len(reads.get('libs', []))} libraries, "
             f"{len(reads.get('modules', []))} modules: {dest})")
