@@ -28,9 +28,7 @@ def pdir(tmp_path: Path) -> Path:
 
 def free_port() -> int:
     """A loopback TCP port no one listens on now, for a server a test starts."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
