@@ -18,7 +18,7 @@ help: ## this list
 # images, cloud-image-utils for booting them, prometheus for promtool (docs/operations.md's scrape config).
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
-	curl iproute2 prometheus
+	curl iproute2 prometheus criu
 
 deps: ## apt-get install the system packages every target needs (root)
 	@echo "make deps: apt-get install $(words $(DEB_PACKAGES)) packages (a few minutes on a fresh machine)"

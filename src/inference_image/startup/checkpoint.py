@@ -1,0 +1,339 @@
+"""A served instance written to disk and brought back: CUDA's checkpoint API moves its GPU state
+into its host memory, CRIU writes its processes, and a later start restores them instead of
+importing, loading and compiling again.
+
+Taking one (the instance ready, before any client's request; so nothing of a user's request is
+in it): the instance answers a fixed greedy request (its reference answer), sleeps (vLLM's sleep
+mode, level 1: the KV cache freed, the weights moved to host memory), is locked and checkpointed
+by CUDA, written by CRIU while it keeps running, then given its GPU back and woken. The folder
+is written beside its final name and renamed into place whole.
+
+Restoring one: it is used only if its manifest's key is this machine's (the bundle's key, plus
+the driver's full version, the GPUs' UUIDs, the kernel, CRIU's version and the instance's unit
+files) and its files are the sizes the manifest says; CRIU restores the processes, CUDA their
+GPU state, vLLM wakes, and the instance must give its reference answer again, token for token.
+Anything else is refused with one line saying why (CheckpointRefused), the restored processes
+killed, and the caller starts the instance as if there were no checkpoint.
+
+Stdlib only; needs root (CRIU) and an NVIDIA driver with CUDA's checkpoint API."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..bounded_http import fetch
+from .bundle import machine_key
+from .cuda_checkpoint import Driver, gpu_processes, tree
+
+SCHEMA = 1
+MANIFEST = "checkpoint.json"
+IMAGES = "images"
+# the checkpoint's key beyond the warm-cache bundle's: a restored process resumes on exactly the
+# driver, GPUs, kernel and CRIU it was written under, with the unit it was started from
+EXTRA_KEY = ("driver", "gpu_uuids", "kernel", "criu", "unit_sha256")
+REFERENCE_PROMPT = "A restored instance answers this exactly as before:"
+REFERENCE_TOKENS = 16
+LOCK_TIMEOUT_MS = 30_000
+# CRIU's options both ways: the API server's and the engine's connections to each other (TCP on
+# the loopback) are restored as they were; no other machine talks to an instance while it is
+# written (it is taken before traffic), so the network is not locked
+CRIU_COMMON = ("--tcp-established", "--file-locks", "--network-lock", "skip")
+
+
+class CheckpointRefused(Exception):
+    """Why a checkpoint was not used (missing, stale, corrupt, or its restore failed)."""
+
+
+@dataclass
+class Timings:
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    _t: float = field(default_factory=time.monotonic)
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases.append((name, round(now - self._t, 2)))
+        self._t = now
+
+
+# ---- the key ----------------------------------------------------------------------------------
+
+def _smi(query: str) -> list[str]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    argv = [smi, f"--query-gpu={query}", "--format=csv,noheader"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        argv += ["-i", visible]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ["unreadable"]
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] or ["unreadable"]
+
+
+def criu_version(criu: str) -> str:
+    try:
+        out = subprocess.run([criu, "--version"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    except OSError:
+        return "none"
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
+                 if line.startswith("Version:")), "unreadable")
+
+
+def unit_digest(units: Path, instance: str) -> str:
+    h = hashlib.sha256()
+    for suffix in (".env", ".args"):
+        p = units / f"{instance}{suffix}"
+        h.update(p.read_bytes() if p.is_file() else b"none")
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def checkpoint_key(cache: Path, profile_json: Path | None, units: Path, instance: str,
+                   criu: str) -> dict[str, str]:
+    """Everything a restored instance depends on (the instance's environment, as inference-run
+    exports it, names its models and GPUs)."""
+    return {**machine_key(cache, profile_json),
+            "driver": ",".join(sorted(set(_smi("driver_version")))) or "none",
+            "gpu_uuids": ",".join(_smi("uuid")) or "none",
+            "kernel": platform.release(),
+            "criu": criu_version(criu),
+            "unit_sha256": unit_digest(units, instance)}
+
+
+def key_fields(key: dict[str, str]) -> tuple[str, ...]:
+    return tuple(sorted(key))
+
+
+# ---- checking one ----------------------------------------------------------------------------
+
+def _files(images: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(images.iterdir()) if p.is_file()}
+
+
+def validate(dest: Path, key: dict[str, str]) -> dict[str, Any]:
+    """The manifest of the checkpoint at `dest` if this machine can restore it; CheckpointRefused
+    saying why not otherwise (cheap: no image is read whole)."""
+    mf = dest / MANIFEST
+    if not mf.is_file():
+        raise CheckpointRefused(f"no checkpoint at {dest}")
+    try:
+        manifest = json.loads(mf.read_text())
+        if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+            raise ValueError(f"schema {manifest.get('schema') if isinstance(manifest, dict) else '?'}"
+                             f", this reads {SCHEMA}")
+        want, files = manifest["key"], manifest["files"]
+        reference, pid = str(manifest["reference"]), int(manifest["pid"])
+        if not isinstance(want, dict) or not isinstance(files, dict) or not files or pid < 2:
+            raise ValueError("key, files or pid malformed")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointRefused(f"corrupt: {mf}: {exc}") from None
+    if stale := [f"{k} is {key.get(k, 'missing')!r} here, {want.get(k, 'missing')!r} in the "
+                 "checkpoint" for k in sorted(set(want) | set(key)) if want.get(k) != key.get(k)]:
+        raise CheckpointRefused("stale: " + "; ".join(stale))
+    images = dest / IMAGES
+    have = _files(images) if images.is_dir() else {}
+    if bad := [n for n, size in files.items() if have.get(n) != size]:
+        raise CheckpointRefused(f"corrupt: {len(bad)} image file(s) missing or of another size, "
+                                f"e.g. {bad[0]} ({have.get(bad[0], 'missing')} bytes, "
+                                f"{files[bad[0]]} written)")
+    if extra := sorted(set(have) - set(files)):
+        raise CheckpointRefused(f"corrupt: image file(s) the manifest does not list, e.g. "
+                                f"{extra[0]}")
+    if not reference:
+        raise CheckpointRefused("corrupt: no reference answer")
+    return manifest
+
+
+# ---- the instance's side --------------------------------------------------------------------
+
+def _post(port: int, path: str, body: dict[str, Any] | None, deadline_s: float) -> bytes:
+    got = fetch(f"http://127.0.0.1:{port}{path}", deadline_s=deadline_s, method="POST",
+                body=json.dumps(body).encode() if body is not None else b"",
+                headers={"Content-Type": "application/json"})
+    if got.status != 200:
+        raise OSError(f"{path}: HTTP {got.status}: {got.body.decode(errors='replace')[:200]}")
+    return got.body
+
+
+def reference_answer(port: int, model: str, deadline_s: float = 120) -> str:
+    """The instance's greedy answer to the fixed reference prompt (its tokens as text)."""
+    doc = json.loads(_post(port, "/v1/completions", {
+        "model": model, "prompt": REFERENCE_PROMPT, "max_tokens": REFERENCE_TOKENS,
+        "temperature": 0, "ignore_eos": True}, deadline_s))
+    return str(doc["choices"][0]["text"])
+
+
+def stdio(pid: int) -> dict[str, str]:
+    """What the process's standard output and error are (pipe:[N], socket:[N], a path)."""
+    out = {}
+    for fd in ("1", "2"):
+        with contextlib.suppress(OSError):
+            out[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return out
+
+
+def inherit_args(streams: dict[str, str]) -> list[str]:
+    """CRIU's --inherit-fd for a restored tree's standard output and error when they were a pipe
+    or a socket (a journal stream, a parent's pipe): the restorer's own fd takes their place."""
+    args, seen = [], set()
+    for fd, what in sorted(streams.items()):
+        if what.startswith(("pipe:[", "socket:[")) and what not in seen:
+            seen.add(what)
+            args += ["--inherit-fd", f"fd[{fd}]:{what}"]
+    return args
+
+
+def device_files(pids: list[int]) -> list[str]:
+    """The NVIDIA device files still open in these processes (pid, fd, path)."""
+    out = []
+    for p in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(f"/proc/{p}/fd/{fd}")).startswith("/dev/nvidia"):
+                        out.append(f"pid {p} fd {fd} {target}")
+    return out
+
+
+def io_uring_holders(pids: list[int]) -> list[str]:
+    """The processes holding an io_uring (CRIU cannot write one): pid, command and the event
+    libraries they map (libuv, uvloop)."""
+    out = []
+    for p in pids:
+        try:
+            fds = [os.readlink(f"/proc/{p}/fd/{f}") for f in os.listdir(f"/proc/{p}/fd")]
+            if not any("io_uring" in f for f in fds):
+                continue
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            libs = sorted({line.rsplit("/", 1)[-1] for line in
+                           Path(f"/proc/{p}/maps").read_text().splitlines()
+                           if "uv" in line.rsplit("/", 1)[-1] and ".so" in line})
+            out.append(f"{p} ({cmd.strip()}; maps {', '.join(libs) or 'no uv library'})")
+        except OSError:
+            continue
+    return out
+
+
+def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None) -> None:
+    proc = subprocess.run([criu, *argv, "-v2", "-o", str(log)], text=True, check=False,
+                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          stdout=subprocess.PIPE if stdout is None else stdout)
+    if proc.returncode:
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = " | ".join(x for x in log.read_text(errors="replace").splitlines()
+                              if "Error" in x)[-600:]
+        raise CheckpointRefused(f"criu {argv[0]} exited {proc.returncode}: "
+                                f"{tail or proc.stderr.strip()[-600:]}")
+
+
+def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu: str,
+         timings: Timings | None = None) -> dict[str, Any]:
+    """Checkpoint the running instance whose tree `pid` heads into `dest`; it goes on serving.
+    Its manifest (with the phases' seconds)."""
+    t = timings or Timings()
+    drv = Driver()
+    reference = reference_answer(port, model)
+    t.mark("reference")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / IMAGES).mkdir(parents=True)
+    os.chmod(tmp, 0o700)
+    _post(port, "/sleep?level=1", None, 300)
+    t.mark("sleep")
+    gpus = gpu_processes(pid, drv)
+    if not gpus:
+        raise CheckpointRefused(f"no process of pid {pid}'s tree has a CUDA context")
+    try:
+        for p in gpus:
+            drv.lock(p, LOCK_TIMEOUT_MS)
+        for p in gpus:
+            drv.checkpoint(p)
+        t.mark("cuda_checkpoint")
+        if held := device_files(tree(pid)):
+            raise CheckpointRefused("CRIU cannot write a device file, and CUDA's checkpoint "
+                                    "left these open: " + "; ".join(held))
+        if holders := io_uring_holders(tree(pid)):
+            raise CheckpointRefused("CRIU cannot write an io_uring, and these processes hold "
+                                    "one: " + "; ".join(holders))
+        _criu(criu, ["dump", "-t", str(pid), "-D", str(tmp / IMAGES), "--leave-running",
+                     "--ext-unix-sk", *CRIU_COMMON], tmp / "dump.log")
+        t.mark("criu_dump")
+    finally:
+        for p in gpus:
+            with contextlib.suppress(Exception):
+                drv.restore(p)
+            with contextlib.suppress(Exception):
+                drv.unlock(p)
+        t.mark("cuda_resume")
+        _post(port, "/wake_up", None, 300)
+        t.mark("wake_up")
+    files = _files(tmp / IMAGES)
+    manifest = {"schema": SCHEMA, "key": key, "pid": pid, "gpu_pids": gpus, "port": port,
+                "model": model, "reference": reference, "stdio": stdio(pid), "files": files,
+                "bytes": sum(files.values()), "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime()),
+                "phases": t.phases}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return manifest
+
+
+def kill_tree(pid: int) -> None:
+    for p in reversed(tree(pid)):
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
+
+
+def restore(dest: Path, key: dict[str, str], criu: str, timings: Timings | None = None,
+            stdout: int | None = None) -> int:
+    """Restore the instance checkpointed at `dest`: the pid heading its tree, serving and woken,
+    once it has given its reference answer again. CheckpointRefused otherwise, nothing of it
+    left running. `stdout`: the descriptor the restored tree writes its output and errors to
+    where they were a pipe or a socket (the restorer's own otherwise)."""
+    t = timings or Timings()
+    manifest = validate(dest, key)
+    t.mark("validate")
+    pidfile = dest / "restored.pid"
+    with contextlib.suppress(FileNotFoundError):
+        pidfile.unlink()
+    _criu(criu, ["restore", "-D", str(dest / IMAGES), "-d", "--pidfile", str(pidfile),
+                 *CRIU_COMMON, *inherit_args(manifest["stdio"])], dest / "restore.log", stdout)
+    pid = int(pidfile.read_text())
+    t.mark("criu_restore")
+    try:
+        drv = Driver()
+        for p in manifest["gpu_pids"]:
+            drv.restore(p)
+        for p in manifest["gpu_pids"]:
+            drv.unlock(p)
+        t.mark("cuda_restore")
+        port, model = int(manifest["port"]), str(manifest["model"])
+        _post(port, "/wake_up", None, 300)
+        t.mark("wake_up")
+        answer = reference_answer(port, model)
+        t.mark("first_answer")
+        if answer != manifest["reference"]:
+            raise CheckpointRefused(f"the restored instance answered {answer!r}, "
+                                    f"{manifest['reference']!r} before its checkpoint")
+    except BaseException as exc:
+        kill_tree(pid)
+        if isinstance(exc, CheckpointRefused):
+            raise
+        raise CheckpointRefused(f"restore failed: {exc}") from None
+    return pid

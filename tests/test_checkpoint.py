@@ -1,0 +1,172 @@
+"""An instance's CRIU checkpoint (inference_image.startup.checkpoint): which checkpoints a start
+refuses and why, that a refused or failed restore leaves nothing running and the caller starts
+as if there were none, and the pieces a checkpoint is made of that need no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inference_image.startup import checkpoint
+from inference_image.startup.checkpoint import CheckpointRefused
+from inference_image.startup.cuda_checkpoint import CudaCheckpointError, Driver, tree
+
+KEY = {"vllm": "0.26.0", "gpu": "NVIDIA H200", "driver": "580.159.04",
+       "gpu_uuids": "GPU-b9c65e0b", "kernel": "6.18.44", "criu": "4.2.1", "unit_sha256": "ab12"}
+
+
+def _checkpoint(dest: Path, key: dict[str, str] = KEY, **over: object) -> Path:
+    """A checkpoint folder as take() leaves it: images and a manifest listing their sizes."""
+    images = dest / checkpoint.IMAGES
+    images.mkdir(parents=True)
+    (images / "pages-1.img").write_bytes(b"\0" * 4096)
+    (images / "core-4242.img").write_bytes(b"core")
+    manifest = {"schema": checkpoint.SCHEMA, "key": key, "pid": 4242, "gpu_pids": [4300],
+                "port": 8100, "model": "m", "reference": " the same sixteen tokens",
+                "stdio": {"1": "pipe:[77]", "2": "pipe:[77]"},
+                "files": {"pages-1.img": 4096, "core-4242.img": 4}, "bytes": 4100}
+    manifest.update(over)
+    (dest / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+def test_a_checkpoint_of_this_machine_is_usable(tmp_path: Path) -> None:
+    m = checkpoint.validate(_checkpoint(tmp_path / "vllm-0"), dict(KEY))
+    assert m["pid"] == 4242 and m["reference"] == " the same sixteen tokens"
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ("missing", "no checkpoint at"),
+    ("not json", "corrupt: "),
+    ("old schema", "corrupt: "),
+    ("driver", "stale: driver is '580.160.01' here, '580.159.04' in the checkpoint"),
+    ("another GPU", "stale: gpu_uuids is 'GPU-0000' here"),
+    ("new field", "stale: plugin_sha256 is 'ff' here, 'missing' in the checkpoint"),
+    ("truncated image", "corrupt: 1 image file(s) missing or of another size, e.g. pages-1.img "
+                        "(100 bytes, 4096 written)"),
+    ("lost image", "corrupt: 1 image file(s) missing or of another size, e.g. core-4242.img "
+                   "(missing bytes, 4 written)"),
+    ("stray image", "corrupt: image file(s) the manifest does not list, e.g. x.img"),
+    ("no reference", "corrupt: no reference answer"),
+])
+def test_a_start_refuses_a_checkpoint_saying_why(tmp_path: Path, change: str, why: str) -> None:
+    dest, key = tmp_path / "vllm-0", dict(KEY)
+    if change != "missing":
+        _checkpoint(dest, reference="" if change == "no reference" else " ok")
+    mf, images = dest / checkpoint.MANIFEST, dest / checkpoint.IMAGES
+    if change == "not json":
+        mf.write_text("{half")
+    elif change == "old schema":
+        mf.write_text(json.dumps({**json.loads(mf.read_text()), "schema": 0}))
+    elif change == "driver":
+        key["driver"] = "580.160.01"
+    elif change == "another GPU":
+        key["gpu_uuids"] = "GPU-0000"
+    elif change == "new field":
+        key["plugin_sha256"] = "ff"
+    elif change == "truncated image":
+        (images / "pages-1.img").write_bytes(b"\0" * 100)
+    elif change == "lost image":
+        (images / "core-4242.img").unlink()
+    elif change == "stray image":
+        (images / "x.img").write_bytes(b"x")
+    with pytest.raises(CheckpointRefused) as exc:
+        checkpoint.validate(dest, key)
+    assert str(exc.value).startswith(why) or why in str(exc.value), str(exc.value)
+
+
+def test_a_refused_checkpoint_never_reaches_criu(tmp_path: Path) -> None:
+    """A stale checkpoint is refused by its key alone: CRIU (here a path that does not exist,
+    which would raise another error) is never run, and the caller starts normally."""
+    dest = _checkpoint(tmp_path / "vllm-0")
+    with pytest.raises(CheckpointRefused, match=r"^stale: kernel"):
+        checkpoint.restore(dest, {**KEY, "kernel": "6.19.0"}, str(tmp_path / "no-criu"))
+    assert not (dest / "restore.log").exists()
+
+
+def test_a_restore_that_fails_is_refused_with_criu_s_reason(tmp_path: Path) -> None:
+    """A checkpoint that passes its checks but that CRIU cannot restore (Debian's CRIU, `make
+    deps`, given images that are no process): refused with CRIU's error lines, nothing
+    restored, no pid handed back."""
+    criu = shutil.which("criu")
+    assert criu, "no criu: `make deps` installs Debian's"
+    dest = _checkpoint(tmp_path / "vllm-0")
+    t = checkpoint.Timings()
+    with pytest.raises(CheckpointRefused, match=r"^criu restore exited [0-9]+: .+"):
+        checkpoint.restore(dest, dict(KEY), criu, t)
+    assert [n for n, _ in t.phases] == ["validate"]
+    assert not (dest / "restored.pid").exists()
+
+
+def test_a_restored_tree_that_fails_its_check_is_killed(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After CRIU, a failure (here: no CUDA driver on this machine) kills the restored tree,
+    whose pid CRIU's pidfile names, before the refusal reaches the caller. CRIU is stood in for
+    by a script that writes a running process's pid as a restore would: a real restore needs a
+    real checkpoint, which needs the GPU machine."""
+    dest = _checkpoint(tmp_path / "vllm-0")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    criu = tmp_path / "criu"
+    criu.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --pidfile ] && pf=$2; shift; "
+                    f"done\necho {child.pid} > \"$pf\"\n")
+    criu.chmod(0o755)
+    monkeypatch.setattr(checkpoint, "Driver", lambda: Driver("libcuda-absent.so.1"))
+    with pytest.raises(CheckpointRefused, match="restore failed: no CUDA driver library"):
+        checkpoint.restore(dest, dict(KEY), str(criu))
+    assert child.wait(timeout=10) == -9
+
+
+def test_no_cuda_driver_is_one_clear_error() -> None:
+    with pytest.raises(CudaCheckpointError, match="no CUDA driver library"):
+        Driver("libcuda-absent.so.1")
+
+
+def test_the_tree_lists_a_process_and_its_children_parents_first() -> None:
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                              "'-c', 'import time; time.sleep(30)']); time.sleep(30)"])
+    try:
+        for _ in range(100):
+            pids = tree(child.pid)
+            if len(pids) == 2:
+                break
+            time.sleep(0.05)
+        assert pids[0] == child.pid and len(pids) == 2
+        assert tree(os.getpid())[0] == os.getpid() and child.pid in tree(os.getpid())
+    finally:
+        for p in reversed(tree(child.pid)):
+            os.kill(p, 9)
+        child.wait()
+
+
+def test_standard_streams_are_handed_over_once_each() -> None:
+    assert checkpoint.inherit_args({"1": "pipe:[77]", "2": "pipe:[77]"}) == [
+        "--inherit-fd", "fd[1]:pipe:[77]"]
+    assert checkpoint.inherit_args({"1": "socket:[9]", "2": "/var/log/x.log"}) == [
+        "--inherit-fd", "fd[1]:socket:[9]"]
+    assert checkpoint.inherit_args({"1": "/dev/null", "2": "/dev/null"}) == []
+
+
+def test_the_key_changes_with_the_unit(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "vllm-0.env").write_text("A=1\n")
+    (units / "vllm-0.args").write_text("--port\n8100\n")
+    before = checkpoint.unit_digest(units, "vllm-0")
+    (units / "vllm-0.args").write_text("--port\n8101\n")
+    assert checkpoint.unit_digest(units, "vllm-0") != before
+    key = checkpoint.checkpoint_key(tmp_path, None, units, "vllm-0", str(tmp_path / "no-criu"))
+    assert set(checkpoint.EXTRA_KEY) <= set(key) and key["criu"] == "none"
+
+
+def test_this_process_holds_no_device_file_or_io_uring() -> None:
+    assert checkpoint.device_files([os.getpid()]) == []
+    assert checkpoint.io_uring_holders([os.getpid()]) == []
