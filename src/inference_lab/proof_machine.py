@@ -143,6 +143,7 @@ def start(argv: list[str], env: dict[str, str], log: Path, port: int,
     t0 = time.monotonic()
     fh = log.open("wb")
     proc = subprocess.Popen(argv, env=without_cuda_compiler({**(base or os.environ), **env}),
+                            stdin=subprocess.DEVNULL,
                             stdout=fh if lines is None else subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)

@@ -30,8 +30,10 @@ ATTENTION_CONTEXTS = (256, 512, 1024, 2048, 3072, 4096, 8192, 16384)
 # the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
 RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start", "ready")
 # the starts a `ready` step times: an empty cache, the cache the last start left, a warm-cache
-# bundle installed into an emptied cache
-READY_STARTS = ("cold", "warm", "bundle")
+# bundle installed into an emptied cache, the start before it restored from a CRIU checkpoint
+# taken once it answered (startup.checkpoint); the default is the first three
+READY_STARTS = ("cold", "warm", "bundle", "checkpoint")
+DEFAULT_STARTS = READY_STARTS[:3]
 # The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();
 # the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
 # names together).
@@ -68,6 +70,9 @@ def step_problem(step: Step) -> str | None:
         return f"sampling: {step.sampling!r} is not one of {', '.join(SAMPLING_SOURCES)}"
     if bad := [x for x in step.starts if x not in READY_STARTS]:
         return f"starts: {bad[0]!r} is not one of {', '.join(READY_STARTS)}"
+    if "checkpoint" in step.starts and (step.starts[0] == "checkpoint" or step.vanilla):
+        return ("starts: checkpoint restores the render's start before it (e.g. cold,checkpoint);"
+                " put another start first, and no vanilla")
     if (step.starts or step.vanilla or step.image_paths or step.bundle or step.import_profile) \
             and step.kind != "ready":
         return "starts, vanilla, image_paths, bundle, import_profile: ready steps only"
@@ -199,9 +204,10 @@ class Step:
     # vLLM's own (temperature 1, no top-p or top-k): the stand-ins' config, as the older
     # records' rows sampled
     sampling: str = "checkpoint"
-    # ready: the starts timed, in order (cold, warm, bundle; default all three), vanilla `vllm
-    # serve` instead of the render, the render from the image's own paths (a bundle an image can
-    # load), a bundle file to restore instead of packing this machine's, and an import profile
+    # ready: the starts timed, in order (cold, warm, bundle, checkpoint; default the first
+    # three), vanilla `vllm serve` instead of the render, the render from the image's own paths
+    # (a bundle an image can load), a bundle file to restore instead of packing this machine's,
+    # and an import profile
     starts: tuple[str, ...] = ()
     vanilla: bool = False
     image_paths: bool = False

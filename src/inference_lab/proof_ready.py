@@ -18,25 +18,83 @@ path, so only a bundle made this way loads on an image.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from inference_image import startup
 from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
+from inference_image.startup import checkpoint
 
 from .proof_machine import start
-from .proof_plan import READY_STARTS, STANDIN, ProofError, Step, vanilla_step
+from .proof_plan import DEFAULT_STARTS, STANDIN, ProofError, Step, vanilla_step
 from .proof_probes import completion_json
 
 BUNDLE_NAME = "warm-cache.tar.gz"
 FIRST_ANSWER_TOKENS = 16
 IMPORT_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+# the server's command-line flag and variable a checkpoint needs: vLLM's sleep mode and its
+# /sleep and /wake_up endpoints
+CHECKPOINT_ARGS = "--enable-sleep-mode"
+CHECKPOINT_ENV = {"VLLM_SERVER_DEV_MODE": "1", "INFERENCE_IMAGE_CHECKPOINT": "1",
+                  "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def criu_bin() -> str:
+    """CRIU: $PROOF_CRIU, else on PATH."""
+    found = os.environ.get("PROOF_CRIU") or shutil.which("criu")
+    if not found:
+        raise ProofError("checkpoint: no criu (set PROOF_CRIU or put criu on PATH)")
+    return found
+
+
+class Restored:
+    """A server restored from a checkpoint: its tree's pid and what it writes (the restored tree
+    writes to the pipe CRIU's restore handed it)."""
+
+    def __init__(self, log: Path, lines: list[tuple[float, str]]) -> None:
+        self.pid = 0
+        self.read_fd, self.write_fd = os.pipe()
+        t0 = time.monotonic()
+
+        def copy() -> None:
+            with log.open("ab") as fh, os.fdopen(self.read_fd, "rb") as src:
+                for raw in src:
+                    fh.write(raw)
+                    fh.flush()
+                    lines.append((time.monotonic() - t0, raw.decode(errors="replace").rstrip()))
+
+        threading.Thread(target=copy, daemon=True).start()
+        # the restored tree's head is CRIU's child, and this process's once CRIU exits
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.write_fd)
+        if not self.pid:
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{self.pid}").exists():
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    break
+            time.sleep(0.5)
+        checkpoint.kill_tree(self.pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        time.sleep(2)  # the engine process lets go of GPU memory after its parent
 
 
 def drop_page_cache() -> bool:
@@ -159,21 +217,34 @@ class ReadySteps:
         warm-cache bundle, or `step.bundle`'s, installed into an emptied cache root, as the
         image's build installs one; the render's inference-run checks it, as on an image)."""
         label = step.name()
-        starts = step.starts or READY_STARTS
+        starts = step.starts or DEFAULT_STARTS
         if step.vanilla and step.image_paths:
             raise ProofError(f"{label}: image_paths serves the render; vanilla runs as a user "
                              "would, from this machine's own paths")
         if step.bundle and not Path(step.bundle).is_file():
             raise ProofError(f"{label}: bundle {step.bundle}: not a file")
         argv, env, port, model, python, root, profile_json = self._ready_server(step)
+        if "checkpoint" in starts:
+            env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
+                (env.get("INFERENCE_EXTRA_ARGS", ""), CHECKPOINT_ARGS)).strip()}
         record = self.results.setdefault("ready", {}).setdefault(label, {})
+        # sleep_mode: the server ran with what a checkpoint needs (CHECKPOINT_ARGS and _ENV), not
+        # quite as it ships; the ledger shows such starts only beside a restored one
         record.update({"cache": str(root), "python": python, "image_paths": step.image_paths,
-                       "vanilla": step.vanilla, "argv": " ".join(argv)})
+                       "vanilla": step.vanilla, "argv": " ".join(argv),
+                       "sleep_mode": "checkpoint" in starts})
         # the starts in the order they ran, over calls (proof.json sorts its keys)
         record["order"] = [*[s for s in record.get("order", []) if s not in starts], *starts]
         runs = record.setdefault("starts", {})
         bundle = Path(step.bundle) if step.bundle else None
+        taken: tuple[Path, dict[str, str]] | None = None
         for i, state in enumerate(starts):
+            if state == "checkpoint":
+                if taken is None:
+                    raise ProofError(f"{label}: no checkpoint was taken before its restore")
+                runs[state] = self._restored(label, *taken, port, step, i == len(starts) - 1)
+                self.save()
+                continue
             if state == "cold":
                 self._wipe(root)
             elif state == "bundle":
@@ -218,6 +289,9 @@ class ReadySteps:
                         entry["said"].get("warm_cache", ""):
                     raise ProofError(f"{label}: the bundle start did not use the bundle: "
                                      f"{entry['said'].get('warm_cache', 'no check line')}")
+                if "checkpoint" in starts[i + 1:i + 2]:
+                    taken = self._take(label, srv.proc.pid, port, model, root, profile_json,
+                                       entry)
                 if step.concurrency and i == len(starts) - 1:
                     self._phase("the bench rows")
                     self._bench(f"{label}-{state}", port, model, step.concurrency,
@@ -245,6 +319,62 @@ class ReadySteps:
                                                         if k in ("PYTHONPATH",)})
             print(f"[{label}] import {IMPORT_MODULE}: {record['imports']['wall_s']} s; "
                   f"{record['imports']['top_cumulative_s'][:5]}", flush=True)
+
+    def _take(self, label: str, pid: int, port: int, model: str, root: Path,
+              profile_json: Path | None, entry: dict[str, Any]) -> tuple[Path, dict[str, str]]:
+        """Checkpoint the server that just answered (before any other request), as the image
+        does after an instance's first start."""
+        self._phase("taking a checkpoint")
+        dest = self.work / "checkpoints" / label
+        units = profile_json.parent / "units" if profile_json else self.work
+        key = checkpoint.checkpoint_key(root, profile_json, units, "vllm-0", criu_bin())
+        t = checkpoint.Timings()
+        try:
+            manifest = checkpoint.take(pid, port, model, dest, key, criu_bin(), t)
+        except (checkpoint.CheckpointRefused, OSError, RuntimeError) as exc:
+            entry["checkpoint"] = {"failed": str(exc)[:600], "phases": t.phases}
+            raise ProofError(f"{label}: the checkpoint failed: {exc}") from None
+        entry["checkpoint"] = {"phases": manifest["phases"], "files": len(manifest["files"]),
+                               "mib": round(manifest["bytes"] / 2**20, 1),
+                               "reference": manifest["reference"],
+                               "gpu_pids": len(manifest["gpu_pids"])}
+        print(f"[{label}] checkpoint: {entry['checkpoint']['mib']} MiB in "
+              f"{entry['checkpoint']['files']} files; phases {manifest['phases']}", flush=True)
+        return dest, key
+
+    def _restored(self, label: str, dest: Path, key: dict[str, str], port: int, step: Step,
+                  last: bool) -> dict[str, Any]:
+        """Restore the checkpoint at `dest` (the page cache dropped first, as after a reboot) and
+        time it to its reference answer; the bench rows from the restored server if asked."""
+        entry: dict[str, Any] = {"page_cache_dropped": drop_page_cache()}
+        self._phase("the checkpoint's restore")
+        lines: list[tuple[float, str]] = []
+        srv = Restored(self.work / "logs" / f"{label}-checkpoint.log", lines)
+        t = checkpoint.Timings()
+        try:
+            try:
+                srv.pid = checkpoint.restore(dest, key, criu_bin(), t, stdout=srv.write_fd)
+            except checkpoint.CheckpointRefused as exc:
+                entry.update({"refused": str(exc)[:600], "phases": t.phases})
+                raise ProofError(f"{label}: the checkpoint was not restored: {exc}") from None
+            phases = dict(t.phases)
+            ready = round(sum(s for n, s in t.phases if n != "first_answer"), 2)
+            answered = round(sum(phases.values()), 2)
+            entry.update({"phases": t.phases, "ready_s": ready, "answered_s": answered,
+                          "said": {}})
+            self.results.setdefault("ready_s", {})[f"{label}-checkpoint"] = {
+                "s": ready, "compile_cache": "checkpoint"}
+            print(f"[{label}] checkpoint: ready {ready} s, answered {answered} s (the reference "
+                  f"answer as before); phases {t.phases}", flush=True)
+            if step.concurrency and last:
+                self._phase("the bench rows")
+                self._bench(f"{label}-checkpoint", port, self.step_resolved(step).profile.model
+                            .target, step.concurrency, self.step_resolved(step), (),
+                            step.sampling)
+        finally:
+            self._phase("stopping the server")
+            srv.stop()
+        return entry
 
     def _ready_server(self, step: Step) -> tuple[list[str], dict[str, str], int, str, str, Path,
                                                  Path | None]:

@@ -12,7 +12,7 @@ from inference_image.startup import PHASES
 
 # the phases in the order a start passes them (a stacked bar's segments, left to right)
 ORDER = tuple(PHASES.values())
-STATES = ("cold", "warm", "bundle")
+STATES = ("cold", "warm", "bundle", "checkpoint")
 
 
 @dataclass
@@ -30,8 +30,13 @@ class Start:
 
 
 def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
+    """A machine's timed starts; a server run with sleep mode for a checkpoint (not as it ships)
+    only where its checkpoint was restored."""
     out = []
     for label, rec in (proof.get("ready") or {}).items():
+        if rec.get("sleep_mode") and "answered_s" not in ((rec.get("starts") or {})
+                                                          .get("checkpoint") or {}):
+            continue
         for state in rec.get("order", []):
             e = (rec.get("starts") or {}).get(state) or {}
             if "answered_s" in e:
