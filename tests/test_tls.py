@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 from inference_image.profiles import resolve
-from inference_image.render import MACHINE_FILES, PATHS, render
+from inference_image.render import MACHINE_FILES, MACHINE_STATE, PATHS, render
 
 
 def _render(tmp_path: Path, *overrides: str) -> Path:
@@ -160,10 +160,13 @@ def test_sysprep_removes_every_per_machine_file(tmp_path: Path) -> None:
     (_at(root, "acme_state") / "accounts").mkdir(parents=True)
     # and a fleet droplet's role, from its user-data
     _at(root, "fleet").write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
+    # and an instance's checkpoint, written once it served
+    (_at(root, "checkpoints") / "vllm-0" / "images").mkdir(parents=True)
     extra = json.loads((r / "ansible/extra-vars.json").read_text())
-    assert extra["sysprep_machine_files"] == [PATHS[k] for k in MACHINE_FILES]
-    made = [PATHS[k] for k in MACHINE_FILES if _at(root, k).exists()]
-    assert made == [PATHS[k] for k in MACHINE_FILES], "a per-machine file is missing"
+    every = [PATHS[k] for k in (*MACHINE_FILES, *MACHINE_STATE)]
+    assert extra["sysprep_machine_files"] == every
+    made = [p for p in every if (root / p.lstrip("/")).exists()]
+    assert made == every, "a per-machine file is missing"
     check = subprocess.run(
         ["bash", str(ROOT / "roles/sysprep/files/inference-sysprep-check")],
         env={**os.environ, "SYSPREP_FORBIDDEN_FILE": "",

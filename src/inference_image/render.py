@@ -65,6 +65,9 @@ PATHS = {
     "startup": "/usr/local/sbin/inference-startup",
     # ...and the package it runs (src/inference_image/startup/, as inference_image.startup)
     "startup_lib": "/usr/local/lib/inference-image",
+    # an instance written to disk once it served, restored instead of started again
+    # (inference_image.startup.checkpoint, root only): one folder per instance
+    "checkpoints": "/var/lib/inference-image/checkpoints",
 }
 # a fleet worker's instance that is leaving its router (a file named by its port, from its
 # ExecStop until its next start): the join timer must not add it back while it drains. Beside the
@@ -75,6 +78,10 @@ PATHS["leaving"] = PATHS["cache"] + "/leaving"
 # before a snapshot.
 MACHINE_FILES = ("api_key", "api_key_map", "scrape_token", "scrape_token_map", "tls_cert",
                  "tls_key", "public_listen", "endpoint", "acme_conf", "acme_state", "fleet")
+# What a machine writes of itself once it serves, not at first boot: its instances' CRIU
+# checkpoints (keyed by its GPUs' UUIDs). Sysprep removes them too, and its check fails an image
+# that holds one.
+MACHINE_STATE = ("checkpoints",)
 # the config.json shapes the models role checks an installed model against (what the render
 # sized the image by); the rest of a config (vocabulary, positions) a checkpoint may differ in
 CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
@@ -131,6 +138,12 @@ class Unit:
 
 def machine_files() -> list[str]:
     return [PATHS[k] for k in MACHINE_FILES]
+
+
+def sysprep_files() -> list[str]:
+    """Every path sysprep removes and its check requires gone: the first boot's and the later
+    per-machine state."""
+    return [PATHS[k] for k in (*MACHINE_FILES, *MACHINE_STATE)]
 
 
 def model_path(name: str) -> str:
@@ -480,7 +493,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "firewall_fleet_router_tcp_port": p.router.internal_port,
         "firewall_fleet_nodes": p.serving.nodes > 1,
         "firewall_table": FIREWALL_TABLE,
-        "sysprep_machine_files": machine_files(),
+        "sysprep_machine_files": sysprep_files(),
         "sysprep_supported_releases": list(SUPPORTED_RELEASES),
         "base_nofile_limit": LIMITS["nofile"],
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
