@@ -170,3 +170,32 @@ def test_the_key_changes_with_the_unit(tmp_path: Path) -> None:
 def test_this_process_holds_no_device_file_or_io_uring() -> None:
     assert checkpoint.device_files([os.getpid()]) == []
     assert checkpoint.io_uring_holders([os.getpid()]) == []
+
+
+@pytest.mark.parametrize("body", [b'{"choices": [', b'{"choices": []}', b"[1" + b"9" * 5000 + b"]",
+                                  b"<html>\x1b[2J"])
+def test_an_instance_answer_that_is_no_completion_is_an_os_error(body: bytes) -> None:
+    """The reference answer a checkpoint keeps and a restore compares: an instance that answers
+    something else (cut short, empty, a number past Python's limit, a page) is an OSError the
+    take and the restore turn into their refusal, not a traceback."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(OSError, match="no completion in the answer"):
+            checkpoint.reference_answer(srv.server_address[1], "m", deadline_s=5)
+    finally:
+        srv.shutdown()

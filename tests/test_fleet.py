@@ -143,6 +143,7 @@ class StandinApi:
         # "METHOD /path" -> what that route answers instead, once (a misbehaving API)
         self.mangle: dict[str, Any] = {}
         self.dribble: set[str] = set()  # routes whose answer comes a byte a second
+        self.raw: dict[str, bytes] = {}  # "METHOD /path" -> a body sent as it is, once
         self.reads: dict[int, int] = {}
         self.active_after = 2  # a droplet is active from its this-many-th read
         ids = itertools.count(1001)
@@ -157,6 +158,8 @@ class StandinApi:
                 if key in api.mangle:
                     doc = api.mangle.pop(key)
                 b = json.dumps(doc).encode() if doc is not None else b""
+                if key in api.raw:
+                    b = api.raw.pop(key)
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(b)))
@@ -432,3 +435,30 @@ def test_an_api_that_trickles_its_answer_is_given_up_on(api: StandinApi, capsys,
     assert time.monotonic() - t0 < 5
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: DigitalOcean API droplets.list: no whole answer within 2 s"], err
+
+
+NOT_JSON, CANNOT_USE = "an answer that is not JSON it can read", "an answer this tool cannot use"
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b'{"droplets": [', NOT_JSON),
+    (b'{"droplets": [{"id": 1' + b"9" * 5000 + b'}]}', NOT_JSON),
+    (b'\x1b[2J\x1b]0;owned\x07<html>', NOT_JSON),
+    (b'{"droplets": NaN, "links": {}, "meta": {"total": 1}}', CANNOT_USE),
+    (b'{"droplets": "x", "links": {}, "meta": {"total": 1}}', CANNOT_USE),
+    (json.dumps({"droplets": [{"id": 7, "name": "w\x1b[31m-red\x1b]0;owned\x07",
+                               "status": "active", "tags": ["llama70b"],
+                               "networks": {"v4": []}}], "links": {},
+                 "meta": {"total": 1}}).encode(), CANNOT_USE),
+], ids=["cut-short", "5000-digits", "html-with-escapes", "nan", "wrong-shape", "escapes-in-name"])
+def test_an_api_answer_that_is_no_answer_is_one_line_and_nothing_raw_reaches_the_terminal(
+        api: StandinApi, capsys, body: bytes, why: str) -> None:
+    """A stand-in API that answers broken JSON, a number of 5,000 digits, an HTML page with
+    terminal escapes, NaN, the wrong shape, or a droplet whose name carries escape sequences:
+    `fleet status` says what is wrong in one line, never a traceback or a raw ESC or BEL."""
+    api.raw["GET /v2/droplets"] = body
+    assert cli.main(["fleet", "status", str(EXAMPLE)]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "\x1b" not in out + err and "\x07" not in out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and why in lines[0] and "droplets.list" in lines[0], lines

@@ -510,8 +510,12 @@ def _call(c: Any, method: str, **kwargs: Any) -> Any:
     except Exception as exc:  # azure.core's HttpResponseError / ServiceRequestError, and transport
         msg = getattr(getattr(exc, "response", None), "text", None)
         detail = msg() if callable(msg) else str(exc)
-        detail = re.sub(r"[\x00-\x1f\x7f]", " ", detail)
-        raise FleetError(f"DigitalOcean API {method}: {detail.strip()[:300]}") from None
+        detail = re.sub(r"[\x00-\x1f\x7f]", " ", detail).strip()
+        if type(exc).__name__ == "DecodeError" or isinstance(exc, ValueError):
+            # an answer JSON cannot read (cut short, an HTML page, a number past Python's limit)
+            raise FleetError(f"DigitalOcean API {method}: an answer that is not JSON it can read "
+                             f"(it began {detail[:60]!r})") from None
+        raise FleetError(f"DigitalOcean API {method}: {detail[:300]}") from None
     finally:
         if timed:
             signal.setitimer(signal.ITIMER_REAL, 0)

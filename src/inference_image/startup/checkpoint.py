@@ -171,10 +171,14 @@ def _post(port: int, path: str, body: dict[str, Any] | None, deadline_s: float) 
 
 def reference_answer(port: int, model: str, deadline_s: float = 120) -> str:
     """The instance's greedy answer to the fixed reference prompt (its tokens as text)."""
-    doc = json.loads(_post(port, "/v1/completions", {
+    body = _post(port, "/v1/completions", {
         "model": model, "prompt": REFERENCE_PROMPT, "max_tokens": REFERENCE_TOKENS,
-        "temperature": 0, "ignore_eos": True}, deadline_s))
-    return str(doc["choices"][0]["text"])
+        "temperature": 0, "ignore_eos": True}, deadline_s)
+    try:
+        return str(json.loads(body)["choices"][0]["text"])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise OSError(f"/v1/completions: no completion in the answer ({type(exc).__name__})"
+                      ) from None
 
 
 def stdio(pid: int) -> dict[str, str]:
