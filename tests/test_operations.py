@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT
 
 from inference_image.profiles import resolve
-from inference_image.render import scrape_targets
+from inference_image.render import PATHS, prometheus_targets, render, scrape_targets
 
 DOC = ROOT / "docs/operations.md"
 
@@ -102,3 +102,17 @@ def test_every_dashboard_query_is_promql_prometheus_parses(tmp_path: Path) -> No
     assert {v["name"] for v in doc["templating"]["list"]} == {"datasource", "instance"}
     assert all(t["datasource"]["uid"] == "${datasource}" for p in doc["panels"]
                for t in p["targets"])
+
+
+def test_the_local_agent_and_the_public_port_list_the_same_sources(tmp_path: Path) -> None:
+    """The machine's file_sd list (an agent on the machine) and the public port's /metrics/<name>
+    (a remote Prometheus) are made from one list of sources, so neither names a page the other
+    misses; the list is a rendered file the image installs like the others."""
+    r = resolve("h200x8")
+    local = sorted(t for g in prometheus_targets(r) for t in g["targets"])
+    public = sorted(f"127.0.0.1:{t['port']}" for t in scrape_targets(r))
+    assert local == public and len(local) == len(r.instances) + 2
+    render(r, tmp_path)
+    written = json.loads((tmp_path / PATHS["prometheus_targets"].lstrip("/")).read_text())
+    assert written == prometheus_targets(r)
+    assert {g["labels"]["job"] for g in written} == {"vllm", "vllm-router", "node"}

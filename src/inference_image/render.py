@@ -571,14 +571,27 @@ def listen_address(r: Resolved) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
-def scrape_targets(r: Resolved) -> list[dict[str, Any]]:
-    """What the public port serves under /metrics/<name> (router.scrape): each vLLM instance, the
-    router's Prometheus port and node exporter, each on its loopback port; [] when off."""
-    if not r.profile.router.scrape:
-        return []
+def metrics_sources(r: Resolved) -> list[dict[str, Any]]:
+    """Every Prometheus page of the machine, each on its loopback port: each vLLM instance, the
+    router's Prometheus port and node exporter."""
     return [*({"name": i.name, "job": "vllm", "port": i.port} for i in r.instances),
             {"name": "router", "job": "vllm-router", "port": r.profile.router.metrics_port},
             {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"]}]
+
+
+def scrape_targets(r: Resolved) -> list[dict[str, Any]]:
+    """What the public port serves under /metrics/<name> (router.scrape): every metrics source;
+    [] when off."""
+    return metrics_sources(r) if r.profile.router.scrape else []
+
+
+def prometheus_targets(r: Resolved) -> list[dict[str, Any]]:
+    """The machine's metrics sources as Prometheus file_sd groups, one a job, for an agent on
+    the machine (paths.prometheus_targets)."""
+    jobs: dict[str, list[str]] = {}
+    for s in metrics_sources(r):
+        jobs.setdefault(s["job"], []).append(f"127.0.0.1:{s['port']}")
+    return [{"targets": targets, "labels": {"job": job}} for job, targets in jobs.items()]
 
 
 def files(r: Resolved) -> dict[str, tuple[str, int]]:
@@ -610,6 +623,8 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
         "etc/cloud/cloud.cfg.d/90-inference-image.cfg")
     tpl("etc/nginx/conf.d/inference-image.conf.j2", "etc/nginx/conf.d/inference-image.conf")
     tpl("etc/update-motd.d/90-inference-image.j2", "etc/update-motd.d/90-inference-image", 0o755)
+    out[PATHS["prometheus_targets"].lstrip("/")] = (
+        json.dumps(prometheus_targets(r), indent=2) + "\n", 0o644)
     tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
     tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
     tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
