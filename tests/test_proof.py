@@ -1603,8 +1603,8 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     assert tables[1].startswith("a (h100)\n") and tables[2].startswith("b (h100)\n")
     # 300 against a's vanilla of 100 is three times it; against b's 200, one and a half: never
     # across machines
-    assert "as-imaged           2    300.0   3.00" in tables[1]
-    assert "as-imaged           2    300.0   1.50" in tables[2]
+    assert re.search(r"(?m)^as-imaged +2 +300\.0 +3\.00 ", tables[1]), tables[1]
+    assert re.search(r"(?m)^as-imaged +2 +300\.0 +1\.50 ", tables[2]), tables[2]
     assert "not measured (no bandwidth step)" in tables[2]
     before = out.read_text()
     bad = tmp_path / "bad.json"
@@ -1976,3 +1976,20 @@ def test_a_plans_vanilla_arguments_are_read_as_a_profiles_extra_args_are(
     ok = {"tier": "h200", "steps": [{"kind": "vanilla", "args": [
         "--tensor-parallel-size", "2", "--quantization", "fp8", "--seed", "1"]}]}
     assert proof.Plan.from_json(json.dumps(ok)).steps[0].args[-1] == "1"
+
+
+def test_a_server_that_never_answers_is_given_up_on_at_its_deadline(tmp_path: Path) -> None:
+    """A server that runs and never answers /health: wait_ready gives up once its deadline has
+    passed since the server's start, naming the log."""
+    from inference_lab.proof_machine import start
+
+    port = free_ports(1)[0]
+    srv = start([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "s.log",
+                port)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(proof.ProofError, match=r"not ready after 2 s \(log: .*s\.log\)"):
+            srv.wait_ready(timeout_s=2)
+        assert 1.5 < time.monotonic() - t0 < 5
+    finally:
+        srv.stop()

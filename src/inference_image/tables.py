@@ -13,10 +13,14 @@ _tabulate.MIN_PADDING = 0
 
 
 def text_table(rows: Sequence[Sequence[object]], *, rule: bool = False, right: bool = False,
-               indent: str = "") -> str:
+               indent: str = "", first_left: bool = False) -> str:
     """`rows` (the first is the header) as aligned columns; `rule` puts a dashed line under the
-    header, `right` aligns every column right, `indent` starts every line."""
+    header, `right` aligns every column right (`first_left`: but the first, a name), `indent`
+    starts every line."""
     head, body = [str(c) for c in rows[0]], [[str(c) for c in r] for r in rows[1:]]
+    align = ["right" if right else "left"] * len(head)
+    if first_left and align:
+        align[0] = "left"
     out = tabulate(body, headers=head, tablefmt="simple" if rule else "plain",
-                   disable_numparse=True, stralign="right" if right else "left")
+                   disable_numparse=True, colalign=align)
     return "\n".join(indent + line.rstrip() for line in out.split("\n"))

@@ -11,6 +11,7 @@ from inference_image.memory import decode_bytes_per_token
 from inference_image.profiles import (
     Resolved,
 )
+from inference_image.tables import text_table
 
 from . import gpu_bench
 from .proof_plan import SPEC_BAR, SPEC_BAR_C1
@@ -139,9 +140,9 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     lines = [f"{gpu or 'GPU not recorded (no info step)'}  vLLM "
              f"{info.get('vllm', 'not recorded')}  read BW "
              f"{f'{bw} TB/s' if bw else 'not measured (no bandwidth step)'}  "
-             "(TTFT, p99, TPOT, ITL99: ms)",
-             f"{'config':<18}{'c':>3}{'tok/s':>9}{'x van':>7}{'TTFT':>8}{'p99':>8}{'TPOT':>7}"
-             f"{'ITL99':>7}{'AL':>6}{'drafted':>8}"]
+             "(TTFT, p99, TPOT, ITL99: ms)"]
+    rows_out: list[list[object]] = [["config", "c", "tok/s", "x van", "TTFT", "p99", "TPOT",
+                                     "ITL99", "AL", "drafted"]]
     roof = {}
     for cfg, rows in runs.items():
         for x in rows:
@@ -151,15 +152,14 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             al, share = x.get("acceptance_length"), x.get("drafted_step_share")
             name = cfg if sc == "chat" else f"{cfg} [{sc}]"
             # no vanilla row of that scenario and concurrency: a blank, not a ratio of 0
-            shown = f"{ratio:>7.2f}" if ratio else f"{'-':>7}"
+            shown = f"{ratio:.2f}" if ratio else "-"
             # a stream's worst waits: a stall in one row shows nowhere else in the table, its
             # TPOT barely above its neighbours'
             itl = x.get("itl_ms_p99")
-            lines.append(f"{name:<18}{x['concurrency']:>3}{x['output_tok_s']:>9.1f}{shown}"
-                         f"{x['ttft_ms_mean']:>8.1f}{x['ttft_ms_p99']:>8.1f}"
-                         f"{x['tpot_ms_mean']:>7.2f}{f'{itl:.1f}' if itl else '':>7}"
-                         f"{al if al else '':>6}"
-                         f"{f'{share:.0%}' if share is not None else '':>8}")
+            rows_out.append([name, x["concurrency"], f"{x['output_tok_s']:.1f}", shown,
+                             f"{x['ttft_ms_mean']:.1f}", f"{x['ttft_ms_p99']:.1f}",
+                             f"{x['tpot_ms_mean']:.2f}", f"{itl:.1f}" if itl else "",
+                             al if al else "", f"{share:.0%}" if share is not None else ""])
         # the roofline's context is chat's (512 in, 512 out)
         c1 = next((x for x in rows if x["concurrency"] == 1
                    and x.get("scenario", "chat") == "chat"), None)
@@ -172,6 +172,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             roof[cfg] = {"tok_s": round(c1["output_tok_s"], 1), "roofline_tok_s": round(ceiling, 1),
                          "fraction": round(c1["output_tok_s"] / ceiling, 3)}
     res["roofline_c1"] = roof
+    lines += text_table(rows_out, right=True, first_left=True).split("\n")
     for cfg, rf in roof.items():
         # one decimal: issue 16's 70 % line is crossed by tenths
         lines.append(f"roofline c=1 {cfg}: {rf['tok_s']} of {rf['roofline_tok_s']} tok/s "
