@@ -24,6 +24,8 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tqdm import tqdm
+
 from . import bounded_http
 from .inputs import InputError, read_text
 from .profiles import ProfileErrors, default_profiles_dir, resolve
@@ -150,15 +152,6 @@ def cost_per_mtok(hourly_usd: float, output_tok_s: float) -> float | None:
     return hourly_usd / (output_tok_s * 3600) * 1e6
 
 
-def _progress(i: int, n: int, msg: str) -> None:
-    width = 24
-    done = int(width * i / n)
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {msg:<48}")
-    sys.stderr.flush()
-    if i == n:
-        sys.stderr.write("\n")
-
-
 # scenario, concurrency, result file (None: the warm-up run before a measured one), args
 Plan = list[tuple[Scenario, int, str | None, list[str]]]
 
@@ -271,13 +264,14 @@ def run(
                 plan.append((sc, c, fname, bench_args(url, model, tokenizer, sc, c, per, rs,
                                                       tmp, fname, min_prompts,
                                                       sampling=sampling)))
-        n_rows = len(plan) // 2
-        _progress(0, n_rows, f"{plan[0][0].name} c={plan[0][1]}")
+        # rows done of all, and the next one (stderr: the results go to stdout and files)
+        bar = tqdm(total=len(plan) // 2, unit="row", desc="bench", file=sys.stderr,
+                   dynamic_ncols=True, postfix=f"{plan[0][0].name} c={plan[0][1]}")
         runs = (_run_batch(plan, vllm_python, timeout_s, log, tmp) if vllm_python
                 else _run_each(plan, vllm_cmd, timeout_s, log))
         counters: dict[str, float] | None = None
         # closing: a row refused below stops the one-process bench at once (its finally kills it)
-        with contextlib.closing(runs):
+        with contextlib.closing(runs), bar:
             for k, wall in runs:
                 sc, c, fname, _ = plan[k]
                 if fname is None:  # the warm-up: the measured run's counters start here
@@ -303,8 +297,9 @@ def run(
                 if partial is not None:
                     partial.write_text(results_json({"meta": meta, "runs": rows, "partial": True},
                                                   indent=2, sort_keys=True) + "\n")
-                nxt = f"{plan[k + 1][0].name} c={plan[k + 1][1]}" if k + 1 < len(plan) else "done"
-                _progress(len(rows), n_rows, nxt)
+                bar.set_postfix_str(f"{plan[k + 1][0].name} c={plan[k + 1][1]}"
+                                    if k + 1 < len(plan) else "done", refresh=False)
+                bar.update(1)
     return {"meta": meta, "runs": rows}
 
 
