@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 from inference_image.bounded_http import fetch
 from inference_image.cause import failure_cause
 
@@ -29,6 +31,10 @@ def serving(port: int) -> bool:
         return False
 
 
+class _NotYet(Exception):
+    """The server runs and does not answer /health yet."""
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
@@ -37,7 +43,9 @@ class Server:
     started: float
 
     def wait_ready(self, timeout_s: float = 1800) -> float:
-        while time.monotonic() - self.started < timeout_s:
+        """Seconds from the start until /health answers; ProofError at once if the server exits
+        first, or once `timeout_s` have passed since its start."""
+        def ready() -> float:
             if serving(self.port):
                 return round(time.monotonic() - self.started, 1)
             if self.proc.poll() is not None:
@@ -45,8 +53,15 @@ class Server:
                 raise ProofError(f"server exited ({self.proc.returncode}) before it was ready: "
                                  f"{failure_cause(text) or 'no error line'}\n"
                                  + "\n".join(text.splitlines()[-25:]))
-            time.sleep(0.5)
-        raise ProofError(f"not ready after {timeout_s:.0f} s (log: {self.log})")
+            raise _NotYet
+
+        left = max(0.0, timeout_s - (time.monotonic() - self.started))
+        try:
+            return tenacity.Retrying(stop=tenacity.stop_after_delay(left),
+                                     wait=tenacity.wait_fixed(0.5),
+                                     retry=tenacity.retry_if_exception_type(_NotYet))(ready)
+        except tenacity.RetryError:
+            raise ProofError(f"not ready after {timeout_s:.0f} s (log: {self.log})") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
