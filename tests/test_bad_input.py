@@ -180,10 +180,14 @@ def test_a_url_that_is_no_http(tmp_path: Path) -> None:
     ("router.health_check_interval_secs=1000000000000000000000000000000", "health_check_interval"),
     ("serving.cpu_kv_cache_gib=100000000000000000000", "cpu_kv_cache_gib"),
     ("versions.driver_branch=\"\u0665\u0668\u0660\"", "driver_branch"),
+    ("router.metrics_port=9400 (h100)", "DCGM exporter"),
+    ("versions.dcgm=\"4; reboot\"", "versions.dcgm"),
     ("description=\"a\\u001b[2Jb\"", "description"),
 ])
 def test_values_out_of_any_real_range(override: str, said: str) -> None:
-    refused(cli("validate", "cpu" if "driver" not in override else "h100", "--set", override), said)
+    gpu = "driver" in override or "(h100)" in override or "dcgm" in override
+    refused(cli("validate", "h100" if gpu else "cpu", "--set",
+                override.removesuffix(" (h100)")), said)
 
 
 def test_a_key_given_twice(pdir: Path) -> None:

@@ -111,8 +111,33 @@ def test_the_local_agent_and_the_public_port_list_the_same_sources(tmp_path: Pat
     r = resolve("h200x8")
     local = sorted(t for g in prometheus_targets(r) for t in g["targets"])
     public = sorted(f"127.0.0.1:{t['port']}" for t in scrape_targets(r))
-    assert local == public and len(local) == len(r.instances) + 2
+    assert local == public and len(local) == len(r.instances) + 3  # router, node, gpu
     render(r, tmp_path)
     written = json.loads((tmp_path / PATHS["prometheus_targets"].lstrip("/")).read_text())
     assert written == prometheus_targets(r)
-    assert {g["labels"]["job"] for g in written} == {"vllm", "vllm-router", "node"}
+    assert {g["labels"]["job"] for g in written} == {"vllm", "vllm-router", "node", "dcgm"}
+    # a tier without GPUs has no DCGM exporter to list
+    assert "dcgm" not in {g["labels"]["job"] for g in prometheus_targets(resolve("cpu"))}
+
+
+def test_every_gpu_series_a_rule_or_panel_reads_is_one_the_exporter_is_started_with() -> None:
+    """The GPU rules read DCGM fields: each is in the counters file the observability role
+    starts NVIDIA's exporter with (a field left out there is a series nobody serves), and that
+    file is what the role's drop-in names."""
+    from inference_image.observability import (
+        DCGM_COUNTERS,
+        DCGM_PREFIX,
+        dashboard_metrics,
+        dcgm_counters,
+        rules_metrics,
+    )
+
+    counters = dcgm_counters()
+    assert counters and all(c.startswith(DCGM_PREFIX) for c in counters), counters
+    read = {what: {m for m in names if m.startswith(DCGM_PREFIX)}
+            for what, names in {**rules_metrics(), **dashboard_metrics()}.items()}
+    assert any(read.values()), "no rule reads a GPU series"
+    assert not {w: sorted(n - counters) for w, n in read.items() if n - counters}
+    dropin = (ROOT / "roles/observability/templates/etc/systemd/system"
+              "/nvidia-dcgm-exporter.service.d/inference-image.conf.j2").read_text()
+    assert f"-f /etc/dcgm-exporter/{DCGM_COUNTERS.name} " in dropin

@@ -14,6 +14,10 @@ from .profiles import project_root
 
 ALERTS = Path("docs/operations/alerts.yml")
 DASHBOARD = Path("docs/operations/dashboard.json")
+# the DCGM fields the GPU tiers' exporter serves (the observability role starts it with this file)
+DCGM_COUNTERS = Path("roles/observability/files/dcgm-counters.csv")
+# what every DCGM exporter series is named after
+DCGM_PREFIX = "DCGM_FI_"
 # what a dashboard variable stands for when its queries are checked outside Grafana
 VARIABLES = {"$instance": ".*"}
 # PromQL words that are no metric
@@ -73,3 +77,9 @@ def dashboard_as_rules(path: Path | None = None) -> str:
              for i, exprs in enumerate(dashboard_queries(path).values())
              for j, e in enumerate(exprs)]
     return yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]})
+
+
+def dcgm_counters(path: Path | None = None) -> set[str]:
+    """The DCGM fields in the exporter's counters file (its non-comment lines' first column)."""
+    lines = (path or project_root() / DCGM_COUNTERS).read_text().splitlines()
+    return {ln.split(",", 1)[0].strip() for ln in lines if ln.strip() and not ln.startswith("#")}

@@ -148,7 +148,8 @@ class Resolved:
 DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.page_cache_prefetch": False,
                                      "serving.cudagraph_prefill_step": None,
-                                     "router.scrape": True}
+                                     "router.scrape": True,
+                                     "versions.dcgm": None}
 
 
 def _cc(cc: str | None) -> tuple[int, int]:
@@ -195,6 +196,8 @@ MAX_FILE_BYTES = 256 * 1024
 MAX_SET_CHARS = 4096
 # Prometheus' node exporter, on loopback (the observability role): no profile port may take it.
 NODE_EXPORTER_PORT = 9100
+# NVIDIA's DCGM exporter on a GPU tier, on loopback (its own default port): the same.
+DCGM_EXPORTER_PORT = 9400
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         try:
@@ -590,6 +593,8 @@ def _check_ports(p: Profile, err: ErrFn) -> None:
             f"{max(inst_ports)}, past 65535", f"set at most {65536 - s.instances}")
     # the node exporter first: a profile port that takes its port is the field to change
     named = [("the node exporter (observability role)", NODE_EXPORTER_PORT)]
+    if p.hardware.gpu_count:
+        named.append(("the DCGM exporter (observability role)", DCGM_EXPORTER_PORT))
     named += [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]
     named += [("router.port", p.router.port), ("router.internal_port", p.router.internal_port),
               ("router.metrics_port", p.router.metrics_port)]

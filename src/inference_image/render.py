@@ -17,7 +17,14 @@ import jinja2
 import yaml
 
 from . import startup
-from .profiles import NODE_EXPORTER_PORT, SUPPORTED_RELEASES, Instance, Resolved, project_root
+from .profiles import (
+    DCGM_EXPORTER_PORT,
+    NODE_EXPORTER_PORT,
+    SUPPORTED_RELEASES,
+    Instance,
+    Resolved,
+    project_root,
+)
 
 MARKER = ".inference-image-render"
 
@@ -103,6 +110,7 @@ ROUTER_USER = "inference-router"
 # instance may take to start (cold compile), open files per service, node exporter's port, the
 # free space an instance needs beside its caches.
 LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE_EXPORTER_PORT,
+          "dcgm_exporter_port": DCGM_EXPORTER_PORT,
           # an instance does not start with less free beside its compile cache: it would fail
           # later, mid-compile, with a less clear error
           "min_cache_free_mib": 256,
@@ -499,6 +507,8 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
         "inference_service_start": serve_during_build(r),
         "observability_node_exporter_listen": f"127.0.0.1:{LIMITS['node_exporter_port']}",
+        "observability_dcgm_exporter_listen": f"127.0.0.1:{LIMITS['dcgm_exporter_port']}",
+        "observability_dcgm_major": v.dcgm or "",
     }
 
 
@@ -573,10 +583,12 @@ def listen_address(r: Resolved) -> str:
 
 def metrics_sources(r: Resolved) -> list[dict[str, Any]]:
     """Every Prometheus page of the machine, each on its loopback port: each vLLM instance, the
-    router's Prometheus port and node exporter."""
+    router's Prometheus port, node exporter and, on a GPU tier, NVIDIA's DCGM exporter."""
     return [*({"name": i.name, "job": "vllm", "port": i.port} for i in r.instances),
             {"name": "router", "job": "vllm-router", "port": r.profile.router.metrics_port},
-            {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"]}]
+            {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"]},
+            *([{"name": "gpu", "job": "dcgm", "port": LIMITS["dcgm_exporter_port"]}]
+              if r.is_gpu else [])]
 
 
 def scrape_targets(r: Resolved) -> list[dict[str, Any]]:

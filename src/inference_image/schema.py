@@ -219,6 +219,9 @@ class Versions(Strict):
     cuda: Version | None = Field(None, description="the CUDA release torch must be built for "
                                  "(the vllm role checks it)")
     vllm_router: Version = Field(description="the vllm-router release in front of the instances")
+    dcgm: str | None = Field(None, pattern=r"^[0-9]{1,2}$", description=(
+        "NVIDIA DCGM's major release (datacenter-gpu-manager-N) installed and held from NVIDIA's "
+        "CUDA repository with the DCGM exporter its packages pair; GPU tiers only"))
 
 
 class Speculative(Strict):
