@@ -199,3 +199,40 @@ def test_an_instance_answer_that_is_no_completion_is_an_os_error(body: bytes) ->
             checkpoint.reference_answer(srv.server_address[1], "m", deadline_s=5)
     finally:
         srv.shutdown()
+
+
+def test_a_take_that_fails_wakes_the_instance_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint that fails after the instance went to sleep (here: no process of its tree has
+    a CUDA context): the instance is woken again and serves on, and no half-written checkpoint is
+    left. The instance is a stand-in HTTP server, and so is the driver (this machine has no GPU)."""
+    import http.server
+    import threading
+
+    calls: list[str] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            calls.append(self.path.split("?")[0])
+            body = json.dumps({"choices": [{"text": " ok"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setattr(checkpoint, "Driver", lambda: object())
+    monkeypatch.setattr(checkpoint, "gpu_processes", lambda pid, drv: [])
+    dest = tmp_path / "checkpoints" / "vllm-0"
+    try:
+        with pytest.raises(CheckpointRefused, match="has a CUDA context"):
+            checkpoint.take(os.getpid(), srv.server_address[1], "m", dest, dict(KEY), "criu")
+    finally:
+        srv.shutdown()
+    assert calls == ["/v1/completions", "/sleep", "/wake_up"]
+    assert not dest.exists() and list((tmp_path / "checkpoints").iterdir()) == []

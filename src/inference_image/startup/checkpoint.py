@@ -257,44 +257,50 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / IMAGES).mkdir(parents=True)
     os.chmod(tmp, 0o700)
-    _post(port, "/sleep?level=1", None, 300)
-    t.mark("sleep")
-    gpus = gpu_processes(pid, drv)
-    if not gpus:
-        raise CheckpointRefused(f"no process of pid {pid}'s tree has a CUDA context")
+    gpus: list[int] = []
     try:
-        for p in gpus:
-            drv.lock(p, LOCK_TIMEOUT_MS)
-        for p in gpus:
-            drv.checkpoint(p)
-        t.mark("cuda_checkpoint")
-        if held := device_files(tree(pid)):
-            raise CheckpointRefused("CRIU cannot write a device file, and CUDA's checkpoint "
-                                    "left these open: " + "; ".join(held))
-        if holders := io_uring_holders(tree(pid)):
-            raise CheckpointRefused("CRIU cannot write an io_uring, and these processes hold "
-                                    "one: " + "; ".join(holders))
-        _criu(criu, ["dump", "-t", str(pid), "-D", str(tmp / IMAGES), "--leave-running",
-                     "--ext-unix-sk", *CRIU_COMMON], tmp / "dump.log")
-        t.mark("criu_dump")
-    finally:
-        for p in gpus:
-            with contextlib.suppress(Exception):
-                drv.restore(p)
-            with contextlib.suppress(Exception):
-                drv.unlock(p)
-        t.mark("cuda_resume")
-        _post(port, "/wake_up", None, 300)
-        t.mark("wake_up")
-    files = _files(tmp / IMAGES)
-    manifest = {"schema": SCHEMA, "key": key, "pid": pid, "gpu_pids": gpus, "port": port,
-                "model": model, "reference": reference, "stdio": stdio(pid), "files": files,
-                "bytes": sum(files.values()), "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                    time.gmtime()),
-                "phases": t.phases}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+        _post(port, "/sleep?level=1", None, 300)
+        t.mark("sleep")
+        try:
+            gpus = gpu_processes(pid, drv)
+            if not gpus:
+                raise CheckpointRefused(f"no process of pid {pid}'s tree has a CUDA context")
+            for p in gpus:
+                drv.lock(p, LOCK_TIMEOUT_MS)
+            for p in gpus:
+                drv.checkpoint(p)
+            t.mark("cuda_checkpoint")
+            if held := device_files(tree(pid)):
+                raise CheckpointRefused("CRIU cannot write a device file, and CUDA's checkpoint "
+                                        "left these open: " + "; ".join(held))
+            if holders := io_uring_holders(tree(pid)):
+                raise CheckpointRefused("CRIU cannot write an io_uring, and these processes hold "
+                                        "one: " + "; ".join(holders))
+            _criu(criu, ["dump", "-t", str(pid), "-D", str(tmp / IMAGES), "--leave-running",
+                         "--ext-unix-sk", *CRIU_COMMON], tmp / "dump.log")
+            t.mark("criu_dump")
+        finally:
+            # the instance serves on whatever happened above: its GPU state back, awake
+            for p in gpus:
+                with contextlib.suppress(Exception):
+                    drv.restore(p)
+                with contextlib.suppress(Exception):
+                    drv.unlock(p)
+            t.mark("cuda_resume")
+            _post(port, "/wake_up", None, 300)
+            t.mark("wake_up")
+        files = _files(tmp / IMAGES)
+        manifest = {"schema": SCHEMA, "key": key, "pid": pid, "gpu_pids": gpus, "port": port,
+                    "model": model, "reference": reference, "stdio": stdio(pid), "files": files,
+                    "bytes": sum(files.values()),
+                    "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "phases": t.phases}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written checkpoint left behind
+        raise
     return manifest
 
 
@@ -318,7 +324,10 @@ def restore(dest: Path, key: dict[str, str], criu: str, timings: Timings | None 
         pidfile.unlink()
     _criu(criu, ["restore", "-D", str(dest / IMAGES), "-d", "--pidfile", str(pidfile),
                  *CRIU_COMMON, *inherit_args(manifest["stdio"])], dest / "restore.log", stdout)
-    pid = int(pidfile.read_text())
+    try:
+        pid = int(pidfile.read_text())
+    except (OSError, ValueError):
+        raise CheckpointRefused(f"criu restore wrote no pid to {pidfile}") from None
     t.mark("criu_restore")
     try:
         drv = Driver()
