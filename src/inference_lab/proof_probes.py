@@ -56,7 +56,10 @@ def completion_json(url: str, body: dict[str, Any], deadline_s: float) -> dict[s
     if a.status != 200:
         raise OSError(f"{url}/v1/completions: HTTP {a.status}: "
                       f"{a.body.decode(errors='replace')[:300]}")
-    doc = json.loads(a.body)
+    try:
+        doc = json.loads(a.body)
+    except ValueError:  # cut short, a page, a number past Python's limit
+        doc = None
     if not isinstance(doc, dict):
         raise OSError(f"{url}/v1/completions: not a completion: {a.body[:200]!r}")
     return doc
