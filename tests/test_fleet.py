@@ -462,3 +462,61 @@ def test_an_api_answer_that_is_no_answer_is_one_line_and_nothing_raw_reaches_the
     assert "Traceback" not in out + err and "\x1b" not in out + err and "\x07" not in out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and why in lines[0] and "droplets.list" in lines[0], lines
+
+
+def test_scrape_config_scrapes_every_droplet_with_its_own_token_and_prometheus_takes_it(
+        api: StandinApi, capsys, tmp_path: Path) -> None:
+    """`fleet scrape-config` after `fleet up`: a job a droplet, each with that machine's token
+    and certificate; the router droplet listed for what it serves (the router and node; its
+    droplet is the router tier's size, no GPU), each worker for every target of its tier. Debian's
+    promtool takes it. The workers' firewall opens the public port to scrape_from only."""
+    import shutil
+    import subprocess
+
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text(EXAMPLE.read_text() + 'scrape_from: ["198.51.100.0/24"]\n')
+    assert cli.main(["fleet", "up", str(spec)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    for d in api.droplets.values():  # the workers are up too by the time one scrapes them
+        d["status"] = "active"
+        d["networks"]["v4"] = [{"ip_address": f"10.10.0.{d['id'] - 999}", "type": "private"},
+                               {"ip_address": f"203.0.113.{d['id'] - 1000}", "type": "public"}]
+    assert cli.main(["fleet", "scrape-config", str(spec)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    jobs = yaml.safe_load(out)["scrape_configs"]
+    assert [j["job_name"] for j in jobs] == ["inference-image-llama70b-router"] + [
+        f"inference-image-llama70b-worker-{i}" for i in range(1, 5)]
+    router, worker = jobs[0], jobs[1]
+    assert [s["labels"]["target"] for s in router["static_configs"]] == ["router", "node"]
+    assert [s["labels"]["target"] for s in worker["static_configs"]] == [
+        "vllm-0", "vllm-1", "vllm-2", "vllm-3", "router", "node", "gpu"]
+    assert worker["authorization"]["credentials_file"] == \
+        "/etc/prometheus/inference-image/llama70b-worker-1/scrape-token"
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package, `make deps`)"
+    for j in jobs:  # promtool reads the files a configuration names
+        d = Path(j["authorization"]["credentials_file"]).parent
+        j["authorization"]["credentials_file"] = str(tmp_path / d.name / "scrape-token")
+        if "tls_config" in j:
+            j["tls_config"]["ca_file"] = str(tmp_path / d.name / "cert.pem")
+        (tmp_path / d.name).mkdir()
+        (tmp_path / d.name / "scrape-token").write_text("t\n")
+        (tmp_path / d.name / "cert.pem").write_text("")
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(yaml.safe_dump({"scrape_configs": jobs}))
+    check = subprocess.run([promtool, "check", "config", "--syntax-only", str(cfg)],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    workers_fw = next(b for m, p, b in api.calls if p == "/v2/firewalls" and m == "POST"
+                      and b["name"] == "llama70b-workers")
+    assert {"protocol": "tcp", "ports": "8000",
+            "sources": {"addresses": ["198.51.100.0/24"]}} in workers_fw["inbound_rules"]
+
+
+def test_a_scrape_from_that_is_no_network_is_one_line(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text(EXAMPLE.read_text() + 'scrape_from: ["0.0.0.0/0; rm -rf /"]\n')
+    assert cli.main(["fleet", "plan", str(spec)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scrape_from.0" in err[0], err

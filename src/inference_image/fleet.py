@@ -36,10 +36,18 @@ from typing import Annotated, Any
 
 import tenacity
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyAddress,
+    IPvAnyNetwork,
+    StringConstraints,
+    ValidationError,
+)
 
 from .profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
-from .render import PATHS
+from .render import PATHS, scrape_targets
 from .schema import Name, Slug, Strict
 from .tables import text_table
 
@@ -63,6 +71,11 @@ class FleetSpec(Strict):
         "cpu", description="the profile whose droplet size the router gets (it needs no GPU)")
     ssh_keys: list[SshKey] = Field(default_factory=list,
                                    description="SSH key ids or MD5 fingerprints on the account")
+    scrape_from: list[IPvAnyNetwork] = Field(
+        default_factory=list, max_length=16,
+        description="networks (CIDR) of the Prometheus that scrapes the fleet: the workers' "
+        "firewall lets them reach the public port, whose /metrics/<target> answers only each "
+        "machine's scrape token (`fleet scrape-config` writes the configuration)")
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,15 @@ OUT_ALL = [*({"protocol": p, "ports": "all", "destinations": ANYWHERE} for p in 
            {"protocol": "icmp", "destinations": ANYWHERE}]  # icmp has no ports
 
 
+def _scrape_rules(spec: FleetSpec, tier: Resolved) -> list[dict[str, Any]]:
+    """The public port open to the fleet's Prometheus (scrape_from), where the edge does not open
+    it to everyone already."""
+    if not spec.scrape_from:
+        return []
+    return [{"protocol": "tcp", "ports": str(tier.profile.router.port),
+             "sources": {"addresses": [str(n) for n in spec.scrape_from]}}]
+
+
 def spans_nodes(p: Plan) -> int:
     """How many droplets the tier's one instance spans (serving.nodes); 1: a router and workers."""
     return p.tier.profile.serving.nodes
@@ -186,6 +208,7 @@ def plan(spec: FleetSpec, base: Path = Path(".")) -> Plan:
          "outbound_rules": OUT_ALL},
         {"name": f"{spec.name}-workers", "tags": [wtag],
          "inbound_rules": [{"protocol": "tcp", "ports": span, "sources": {"tags": [rtag]}},
+                           *_scrape_rules(spec, tier),
                            {"protocol": "tcp", "ports": "22", "sources": ANYWHERE}],
          "outbound_rules": OUT_ALL},
     )
@@ -211,6 +234,7 @@ def _group_plan(spec: FleetSpec, tier: Resolved, router_tier: Resolved, sid: int
                             "sources": ANYWHERE}], "outbound_rules": OUT_ALL},
         {"name": f"{spec.name}-group", "tags": [role_tag(spec, "group")],
          "inbound_rules": [{"protocol": "tcp", "ports": "all", "sources": group},
+                           *_scrape_rules(spec, tier),
                            {"protocol": "tcp", "ports": "22", "sources": ANYWHERE}],
          "outbound_rules": OUT_ALL},
     )
@@ -686,6 +710,50 @@ def status(p: Plan, c: Any) -> str:
     return "\n".join(lines)
 
 
+def scrape_targets_of(p: Plan, role: str) -> list[str]:
+    """The /metrics/<target> names a droplet of `role` answers: a router serves no model, and its
+    droplet (router_tier's size) may have no GPU; a node's stage serves no API."""
+    names = [t["name"] for t in scrape_targets(p.tier)]
+    if role == "router":
+        return [n for n in names if n in ("router", "node")]
+    if role == "node":
+        return [n for n in names if n in ("node", "gpu")]
+    return names
+
+
+def scrape_config(p: Plan, c: Any) -> str:
+    """A Prometheus configuration that scrapes every droplet of the fleet through its public port
+    (docs/operations.md): a job a droplet, each with that machine's scrape token and certificate
+    (copied into /etc/prometheus/inference-image/<droplet>/)."""
+    scheme = "https" if p.tier.profile.router.tls != "off" else "http"
+    jobs = []
+    for d in sorted(_fleet_droplets(c, p.spec), key=lambda d: str(d.get("name"))):
+        name, public = str(d.get("name")), _address(d, "public")
+        role = next((r for r in ("router", "worker", "head", "node")
+                     if role_tag(p.spec, r) in d.get("tags", [])), "worker")
+        if not public:
+            continue
+        where = f"/etc/prometheus/inference-image/{name}"
+        job: dict[str, Any] = {
+            "job_name": f"inference-image-{name}", "scheme": scheme,
+            "authorization": {"credentials_file": f"{where}/scrape-token"},
+            "static_configs": [{"targets": [f"{public}:{p.tier.profile.router.port}"],
+                                "labels": {"__metrics_path__": f"/metrics/{t}", "target": t,
+                                           "droplet": name, "role": role}}
+                               for t in scrape_targets_of(p, role)]}
+        if scheme == "https":
+            job["tls_config"] = {"ca_file": f"{where}/cert.pem"}
+        if job["static_configs"]:
+            jobs.append(job)
+    if not jobs:
+        raise FleetError(f"fleet {p.spec.name}: no droplet with a public address to scrape "
+                         "(`fleet up` makes them)")
+    if not p.spec.scrape_from:
+        print(f"warning: fleet {p.spec.name} names no scrape_from: the workers' firewall keeps "
+              "their public port closed to a Prometheus elsewhere", file=sys.stderr)
+    return yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False)
+
+
 def down(p: Plan, c: Any, dry_run: bool = False) -> list[str]:
     """Remove the fleet's droplets (by its tag) and firewalls (by name): what was removed, or with
     dry_run what would be."""
@@ -711,6 +779,10 @@ def _with_client(args: Any, act: Callable[[Plan, Any], int]) -> int:
 
 def cmd_status(args: Any) -> int:
     return _with_client(args, lambda p, c: print(status(p, c)) or 0)
+
+
+def cmd_scrape_config(args: Any) -> int:
+    return _with_client(args, lambda p, c: print(scrape_config(p, c), end="") or 0)
 
 
 def cmd_down(args: Any) -> int:
@@ -765,6 +837,10 @@ def register(sub: Any) -> None:
     p = fsub.add_parser("status", help="the fleet's droplets, their addresses, its firewalls")
     p.add_argument("fleet")
     p.set_defaults(func=cmd_status)
+    p = fsub.add_parser("scrape-config", help="a Prometheus configuration scraping every droplet "
+                        "of the fleet through its public port (each with its own scrape token)")
+    p.add_argument("fleet")
+    p.set_defaults(func=cmd_scrape_config)
     p = fsub.add_parser("down", help="remove the fleet's droplets and firewalls")
     p.add_argument("fleet")
     p.add_argument("--yes", action="store_true", help="remove them (without it: what would go)")
