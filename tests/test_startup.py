@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inference_image import startup
-from inference_image.profiles import DIGEST_AT_DEFAULT, resolve
+from inference_image.profiles import DIGEST_AT_DEFAULT, DIGEST_OMITS, resolve
 
 SCRIPT = startup.LAUNCHER
 
@@ -230,6 +230,10 @@ def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_dig
     for change in ("serving.engine_process=fork", "serving.page_cache_prefetch=true",
                    "serving.cudagraph_prefill_step=128"):
         assert resolve("h100x8", overrides=[change]).digest != before
+    # what the image holds beside serving (DCGM's release) is in no digest, whatever its value
+    for path in DIGEST_OMITS:
+        assert resolve("h100x8", overrides=[f'{path}="5"']).digest == before
+        assert resolve("h100x8", overrides=[f"{path}=null"]).digest == before
 
 
 def test_a_start_that_became_ready_is_recorded_in_endpoint_json_beside_what_firstboot_wrote(

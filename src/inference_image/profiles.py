@@ -126,14 +126,15 @@ class Resolved:
     def digest(self) -> str:
         """sha256 of the resolved profile and the catalog entries it uses: the profile hash.
         Fields in DIGEST_AT_DEFAULT are left out while they hold the value that serves as
-        before they existed."""
+        before they existed, those in DIGEST_OMITS whatever their value."""
         data = json.loads(json.dumps(self.data))
-        for path, default in DIGEST_AT_DEFAULT.items():
+        for path, default in [*DIGEST_AT_DEFAULT.items(), *((o, None) for o in DIGEST_OMITS)]:
             *parents, leaf = path.split(".")
             node = data
             for part in parents:
                 node = node.get(part, {}) if isinstance(node, dict) else {}
-            if isinstance(node, dict) and node.get(leaf, default) == default:
+            if isinstance(node, dict) and (path in DIGEST_OMITS
+                                           or node.get(leaf, default) == default):
                 node.pop(leaf, None)
         blob = {"profile": data, "target": self.target.model_dump(mode="json")}
         if self.draft is not None:
@@ -148,8 +149,11 @@ class Resolved:
 DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.page_cache_prefetch": False,
                                      "serving.cudagraph_prefill_step": None,
-                                     "router.scrape": True,
-                                     "versions.dcgm": None}
+                                     "router.scrape": True}
+# Fields of what the image holds beside the serving stack (GPU telemetry), which serves the same
+# whatever their value: never in the digest, so neither the ledger's records nor a warm-cache
+# bundle's key depend on them.
+DIGEST_OMITS = frozenset({"versions.dcgm"})
 
 
 def _cc(cc: str | None) -> tuple[int, int]:

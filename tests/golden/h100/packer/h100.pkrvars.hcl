@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 3bdfb493862898e7d1491ba62212a5636b2ce82c087142962d2e83f9ceb26c5c): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 d83f87ba53cc84b9e20bc42e282efa185cba3bde978f60a7b52cb223033089bc): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "3bdfb493862898e7d1491ba62212a5636b2ce82c087142962d2e83f9ceb26c5c"
+profile_sha256 = "d83f87ba53cc84b9e20bc42e282efa185cba3bde978f60a7b52cb223033089bc"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

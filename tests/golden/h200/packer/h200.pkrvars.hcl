@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 f6aea2d5f95bccbf50f87ddc1446109e0bb54b7c6156c17cb71160692d65f8cc): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 5f29c3f7ced04c4117d23866203694c66ffcc7d6f0022c34aecc9d7e178fa9c8): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "f6aea2d5f95bccbf50f87ddc1446109e0bb54b7c6156c17cb71160692d65f8cc"
+profile_sha256 = "5f29c3f7ced04c4117d23866203694c66ffcc7d6f0022c34aecc9d7e178fa9c8"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h200x8.yaml (profile sha256 9960fb85c92d2c8ed803c323a211ea48e800b9d0106b6538f0d00f8e40793a44): pass with -var-file.
+# Rendered from profiles/h200x8.yaml (profile sha256 8c33ac7b450f4bd6b133d344c44f3379739f17166bb34719ae6b1325c2cccb5a): pass with -var-file.
 tier           = "h200x8"
-profile_sha256 = "9960fb85c92d2c8ed803c323a211ea48e800b9d0106b6538f0d00f8e40793a44"
+profile_sha256 = "8c33ac7b450f4bd6b133d344c44f3379739f17166bb34719ae6b1325c2cccb5a"
 do_size        = "gpu-h200x8-1128gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

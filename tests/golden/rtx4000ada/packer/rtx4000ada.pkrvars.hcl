@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 339b09be30e0e1671b23c7675b6f778bd4680f41b69c3e0f97ef840e7c480383): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 3f7febd1e0fecf221c9b8368bed9807df3be449af5e44eef2bd8d947f83ab520): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "339b09be30e0e1671b23c7675b6f778bd4680f41b69c3e0f97ef840e7c480383"
+profile_sha256 = "3f7febd1e0fecf221c9b8368bed9807df3be449af5e44eef2bd8d947f83ab520"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 9b065e292a5fdd5934c6827c68653d5a3372cdeeed1f9865fe461f2d0b6a42ef): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 1993f6215aa5ad43f0689beb11ddf7f08caf7a7290f5114150379318d01b68c1): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "9b065e292a5fdd5934c6827c68653d5a3372cdeeed1f9865fe461f2d0b6a42ef"
+profile_sha256 = "1993f6215aa5ad43f0689beb11ddf7f08caf7a7290f5114150379318d01b68c1"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
