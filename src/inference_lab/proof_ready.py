@@ -242,7 +242,8 @@ class ReadySteps:
             if state == "checkpoint":
                 if taken is None:
                     raise ProofError(f"{label}: no checkpoint was taken before its restore")
-                runs[state] = self._restored(label, *taken, port, step, i == len(starts) - 1)
+                self._restored(label, *taken, port, step, i == len(starts) - 1,
+                               runs.setdefault(state, {}))
                 self.save()
                 continue
             if state == "cold":
@@ -290,8 +291,8 @@ class ReadySteps:
                     raise ProofError(f"{label}: the bundle start did not use the bundle: "
                                      f"{entry['said'].get('warm_cache', 'no check line')}")
                 if "checkpoint" in starts[i + 1:i + 2]:
-                    taken = self._take(label, srv.proc.pid, port, model, root, profile_json,
-                                       entry)
+                    taken = self._take(label, argv[-1], srv.proc.pid, port, model, root,
+                                       profile_json, entry)
                 if step.concurrency and i == len(starts) - 1:
                     self._phase("the bench rows")
                     self._bench(f"{label}-{state}", port, model, step.concurrency,
@@ -320,14 +321,14 @@ class ReadySteps:
             print(f"[{label}] import {IMPORT_MODULE}: {record['imports']['wall_s']} s; "
                   f"{record['imports']['top_cumulative_s'][:5]}", flush=True)
 
-    def _take(self, label: str, pid: int, port: int, model: str, root: Path,
+    def _take(self, label: str, instance: str, pid: int, port: int, model: str, root: Path,
               profile_json: Path | None, entry: dict[str, Any]) -> tuple[Path, dict[str, str]]:
         """Checkpoint the server that just answered (before any other request), as the image
         does after an instance's first start."""
         self._phase("taking a checkpoint")
         dest = self.work / "checkpoints" / label
         units = profile_json.parent / "units" if profile_json else self.work
-        key = checkpoint.checkpoint_key(root, profile_json, units, "vllm-0", criu_bin())
+        key = checkpoint.checkpoint_key(root, profile_json, units, instance, criu_bin())
         t = checkpoint.Timings()
         try:
             manifest = checkpoint.take(pid, port, model, dest, key, criu_bin(), t)
@@ -343,10 +344,11 @@ class ReadySteps:
         return dest, key
 
     def _restored(self, label: str, dest: Path, key: dict[str, str], port: int, step: Step,
-                  last: bool) -> dict[str, Any]:
+                  last: bool, entry: dict[str, Any]) -> None:
         """Restore the checkpoint at `dest` (the page cache dropped first, as after a reboot) and
-        time it to its reference answer; the bench rows from the restored server if asked."""
-        entry: dict[str, Any] = {"page_cache_dropped": drop_page_cache()}
+        time it to its reference answer, into `entry` (a refusal too); the bench rows from the
+        restored server if asked."""
+        entry["page_cache_dropped"] = drop_page_cache()
         self._phase("the checkpoint's restore")
         lines: list[tuple[float, str]] = []
         srv = Restored(self.work / "logs" / f"{label}-checkpoint.log", lines)
@@ -374,7 +376,6 @@ class ReadySteps:
         finally:
             self._phase("stopping the server")
             srv.stop()
-        return entry
 
     def _ready_server(self, step: Step) -> tuple[list[str], dict[str, str], int, str, str, Path,
                                                  Path | None]:
