@@ -1993,3 +1993,27 @@ def test_a_server_that_never_answers_is_given_up_on_at_its_deadline(tmp_path: Pa
         assert 1.5 < time.monotonic() - t0 < 5
     finally:
         srv.stop()
+
+
+def test_a_checkpoint_start_that_cannot_checkpoint_says_why_in_proof_json(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--starts cold,checkpoint` on a machine with no CUDA driver (this one): the cold start is
+    timed with sleep mode on (recorded as such), the checkpoint fails at CUDA's checkpoint API
+    with its reason kept beside the start, and the step fails naming it; nothing is restored."""
+    vllm = tmp_path / "python"
+    vllm.write_text(STANDIN_COMPILING_VLLM)
+    vllm.chmod(0o755)
+    monkeypatch.setenv("PROOF_CRIU", shutil.which("criu") or "/bin/false")
+    step = proof.Step("ready", label="ready-x", starts=("cold", "checkpoint"), sets=(
+        "serving.instances=1", f"serving.base_port={free_port()}",
+        "model.speculative.method=none"))
+    runner = proof.Runner(plan=proof.Plan(tier="cpu", steps=[step]), out=tmp_path / "out",
+                          work=tmp_path / "work", model_dir=tmp_path / "model", python=str(vllm))
+    runner.run()
+    res = json.loads((tmp_path / "out" / "proof.json").read_text())
+    rec = res["ready"]["ready-x"]
+    assert rec["sleep_mode"] is True
+    assert "no CUDA driver library" in rec["starts"]["cold"]["checkpoint"]["failed"]
+    assert "the checkpoint failed: no CUDA driver library" in res["failed"]["ready-x"]
+    assert "checkpoint" not in rec["starts"] or "ready_s" not in rec["starts"]["checkpoint"]
+    assert not (tmp_path / "work" / "checkpoints" / "ready-x").exists()
