@@ -41,6 +41,33 @@ def free_ports(n: int) -> list[int]:
         return [int(s.getsockname()[1]) for s in socks]
 
 
+@contextlib.contextmanager
+def answering(body: bytes, calls: list[str] | None = None) -> Iterator[int]:
+    """A stand-in HTTP server on loopback that answers every POST 200 with `body` (as it is:
+    broken JSON, a page, escapes), noting each request's path (no query) in `calls`: its port."""
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if calls is not None:
+                calls.append(self.path.split("?")[0])
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"

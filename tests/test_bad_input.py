@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, answering
 
 from inference_image import bench, soak
 
@@ -315,21 +315,7 @@ def test_a_completion_that_is_no_json_object_is_one_os_error(body: bytes) -> Non
     is an OSError naming the route and the answer's start (escapes shown as escapes)."""
     from inference_lab.proof_probes import completion_json
 
-    class Broken(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    srv = _misbehaving(Broken)
-    try:
-        with pytest.raises(OSError, match="/v1/completions: not a completion") as exc:
-            completion_json(f"http://127.0.0.1:{srv.server_address[1]}", {"prompt": "x"}, 5)
-        assert "\x1b" not in str(exc.value)
-    finally:
-        srv.shutdown()
+    with answering(body) as port, pytest.raises(OSError, match="/v1/completions: not a "
+                                                "completion") as exc:
+        completion_json(f"http://127.0.0.1:{port}", {"prompt": "x"}, 5)
+    assert "\x1b" not in str(exc.value)

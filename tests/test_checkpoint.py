@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import answering
 
 from inference_image.startup import checkpoint
 from inference_image.startup.checkpoint import CheckpointRefused
@@ -178,27 +179,8 @@ def test_an_instance_answer_that_is_no_completion_is_an_os_error(body: bytes) ->
     """The reference answer a checkpoint keeps and a restore compares: an instance that answers
     something else (cut short, empty, a number past Python's limit, a page) is an OSError the
     take and the restore turn into their refusal, not a traceback."""
-    import http.server
-    import threading
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        with pytest.raises(OSError, match="no completion in the answer"):
-            checkpoint.reference_answer(srv.server_address[1], "m", deadline_s=5)
-    finally:
-        srv.shutdown()
+    with answering(body) as port, pytest.raises(OSError, match="no completion in the answer"):
+        checkpoint.reference_answer(port, "m", deadline_s=5)
 
 
 def test_a_take_that_fails_wakes_the_instance_and_leaves_nothing(
@@ -206,33 +188,12 @@ def test_a_take_that_fails_wakes_the_instance_and_leaves_nothing(
     """A checkpoint that fails after the instance went to sleep (here: no process of its tree has
     a CUDA context): the instance is woken again and serves on, and no half-written checkpoint is
     left. The instance is a stand-in HTTP server, and so is the driver (this machine has no GPU)."""
-    import http.server
-    import threading
-
     calls: list[str] = []
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            calls.append(self.path.split("?")[0])
-            body = json.dumps({"choices": [{"text": " ok"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     monkeypatch.setattr(checkpoint, "Driver", lambda: object())
     monkeypatch.setattr(checkpoint, "gpu_processes", lambda pid, drv: [])
     dest = tmp_path / "checkpoints" / "vllm-0"
-    try:
-        with pytest.raises(CheckpointRefused, match="has a CUDA context"):
-            checkpoint.take(os.getpid(), srv.server_address[1], "m", dest, dict(KEY), "criu")
-    finally:
-        srv.shutdown()
+    with answering(json.dumps({"choices": [{"text": " ok"}]}).encode(), calls) as port, \
+            pytest.raises(CheckpointRefused, match="has a CUDA context"):
+        checkpoint.take(os.getpid(), port, "m", dest, dict(KEY), "criu")
     assert calls == ["/v1/completions", "/sleep", "/wake_up"]
     assert not dest.exists() and list((tmp_path / "checkpoints").iterdir()) == []

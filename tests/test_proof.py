@@ -1909,22 +1909,28 @@ srv.serve_forever()
 '''
 
 
+def _ready_run(tmp_path: Path, starts: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A `ready` step of the cpu render (one instance, no draft) served by the stand-in that
+    compiles into an empty cache: its proof.json."""
+    vllm = tmp_path / "python"
+    vllm.write_text(STANDIN_COMPILING_VLLM)
+    vllm.chmod(0o755)
+    step = proof.Step("ready", label="ready-x", starts=starts, sets=(
+        "serving.instances=1", f"serving.base_port={free_port()}",
+        "model.speculative.method=none"))
+    runner = proof.Runner(plan=proof.Plan(tier="cpu", steps=[step]), out=tmp_path / "out",
+                          work=tmp_path / "work", model_dir=tmp_path / "model", python=str(vllm))
+    runner.run()
+    return dict(json.loads((tmp_path / "out" / "proof.json").read_text()))
+
+
 def test_ready_times_cold_warm_and_bundle_starts_and_the_bundle_loads_compiled(
         tmp_path: Path) -> None:
     """The `ready` step starts the render's instance cold, warm, then from a warm-cache bundle
     packed from the warm cache and installed into an emptied cache root: each start's phases come
     from its log, the bundle's check passes, and the bundle start loads what the cold one compiled
     (the stand-in compiles only into an empty cache)."""
-    vllm = tmp_path / "python"
-    vllm.write_text(STANDIN_COMPILING_VLLM)
-    vllm.chmod(0o755)
-    step = proof.Step("ready", label="ready-x", sets=(
-        "serving.instances=1", f"serving.base_port={free_port()}",
-        "model.speculative.method=none"))
-    runner = proof.Runner(plan=proof.Plan(tier="cpu", steps=[step]), out=tmp_path / "out",
-                          work=tmp_path / "work", model_dir=tmp_path / "model", python=str(vllm))
-    runner.run()
-    res = json.loads((tmp_path / "out" / "proof.json").read_text())
+    res = _ready_run(tmp_path)
     assert "failed" not in res, res.get("failed")
     starts = res["ready"]["ready-x"]["starts"]
     assert res["ready"]["ready-x"]["order"] == ["cold", "warm", "bundle"] == sorted(
@@ -2000,17 +2006,8 @@ def test_a_checkpoint_start_that_cannot_checkpoint_says_why_in_proof_json(
     """`--starts cold,checkpoint` on a machine with no CUDA driver (this one): the cold start is
     timed with sleep mode on (recorded as such), the checkpoint fails at CUDA's checkpoint API
     with its reason kept beside the start, and the step fails naming it; nothing is restored."""
-    vllm = tmp_path / "python"
-    vllm.write_text(STANDIN_COMPILING_VLLM)
-    vllm.chmod(0o755)
     monkeypatch.setenv("PROOF_CRIU", shutil.which("criu") or "/bin/false")
-    step = proof.Step("ready", label="ready-x", starts=("cold", "checkpoint"), sets=(
-        "serving.instances=1", f"serving.base_port={free_port()}",
-        "model.speculative.method=none"))
-    runner = proof.Runner(plan=proof.Plan(tier="cpu", steps=[step]), out=tmp_path / "out",
-                          work=tmp_path / "work", model_dir=tmp_path / "model", python=str(vllm))
-    runner.run()
-    res = json.loads((tmp_path / "out" / "proof.json").read_text())
+    res = _ready_run(tmp_path, starts=("cold", "checkpoint"))
     rec = res["ready"]["ready-x"]
     assert rec["sleep_mode"] is True
     assert "no CUDA driver library" in rec["starts"]["cold"]["checkpoint"]["failed"]
