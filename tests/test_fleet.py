@@ -23,7 +23,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from inference_image import cli, fleet
+from inference_image import cli, fleet, fleet_api
 from inference_image.profiles import ProfileErrors
 from inference_image.render import PATHS
 
@@ -428,7 +428,7 @@ def test_an_api_answer_without_what_up_reads_is_one_error_and_leaves_nothing(
 
 def test_an_api_that_trickles_its_answer_is_given_up_on(api: StandinApi, capsys,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fleet, "API_DEADLINE_S", 2.0)
+    monkeypatch.setattr(fleet_api, "API_DEADLINE_S", 2.0)
     api.dribble.add("GET /v2/droplets")
     t0 = time.monotonic()
     assert cli.main(["fleet", "status", str(EXAMPLE)]) == 1
