@@ -9,10 +9,11 @@ import random
 import shutil
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from inference_image.bench import metric_samples, read_url
 from inference_image.bounded_http import Answer, fetch
@@ -34,13 +35,6 @@ from .trace import middle
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
            "The quick brown fox", "for i in range(10):", "# Parse the config file\n",
            "return sorted(items, key=", "with open(path) as fh:"]
-
-
-def completion_request(url: str, body: dict[str, Any]) -> urllib.request.Request:
-    """A POST of `body` to the OpenAI completions route of the server at `url` (for a stream,
-    read line by line as it comes)."""
-    return urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                  headers={"Content-Type": "application/json"})
 
 
 def post_completion(url: str, body: dict[str, Any], deadline_s: float) -> Answer:
@@ -136,17 +130,22 @@ def _stream(url: str, body: dict[str, Any], timeout_s: float = 300,
     """Send a streamed completion, read it to the end; ms to its first data line (None: none).
     on_first: called the moment that line arrives; stop: once set, the stream is closed at its
     next line (vLLM aborts a request whose client has gone)."""
-    req = completion_request(url, body)
     t0 = time.perf_counter()
     first = None
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        for line in resp:
-            if first is None and line.startswith(b"data: {"):
-                first = (time.perf_counter() - t0) * 1e3
-                if on_first:
-                    on_first()
-            if stop is not None and stop.is_set():
-                break
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body,
+                          timeout=httpx.Timeout(timeout_s)) as resp:
+            if resp.status_code != 200:
+                raise OSError(f"{url}/v1/completions: HTTP {resp.status_code}")
+            for line in resp.iter_lines():
+                if first is None and line.startswith("data: {"):
+                    first = (time.perf_counter() - t0) * 1e3
+                    if on_first:
+                        on_first()
+                if stop is not None and stop.is_set():
+                    break
+    except httpx.HTTPError as exc:  # a connection refused, reset or timed out, as OSError
+        raise OSError(f"{url}/v1/completions: {type(exc).__name__}: {exc}") from None
     return first
 
 
