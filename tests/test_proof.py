@@ -1565,8 +1565,8 @@ def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
 
 
 def test_the_roofline_share_is_printed_to_a_tenth_so_a_row_under_the_line_reads_under_it() -> None:
-    """A draft-off start just under the issue's 70 % of its roofline (docs/benchmarks.md#run-28):
-    the table printed '70%', above the target it missed."""
+    """A draft-off start just under issue 16's roofline target (docs/benchmarks.md#run-28): the
+    table rounded it up to the target it missed."""
     row = {"concurrency": 1, "output_tok_s": 259.29, "ttft_ms_mean": 25.9, "ttft_ms_p99": 34.7,
            "tpot_ms_mean": 3.81}
     res: dict[str, Any] = {"bandwidth": {"read_bw_tbs": 2.999}, "runs": {"off": [row]}}
@@ -1993,10 +1993,10 @@ def test_a_server_that_never_answers_is_given_up_on_at_its_deadline(tmp_path: Pa
     srv = start([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "s.log",
                 port)
     try:
-        t0 = time.monotonic()
         with pytest.raises(proof.ProofError, match=r"not ready after 2 s \(log: .*s\.log\)"):
             srv.wait_ready(timeout_s=2)
-        assert 1.5 < time.monotonic() - t0 < 5
+        # it gave up on its deadline, not because the server went away
+        assert srv.proc.poll() is None
     finally:
         srv.stop()
 
