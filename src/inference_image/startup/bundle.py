@@ -73,23 +73,33 @@ def _site_of(module: str, fallback: Path | None) -> Path | None:
     return Path(spec.origin).parent.parent if spec and spec.origin else fallback
 
 
-def gpus(visible: str | None = None) -> tuple[str, str]:
-    """The model names of the GPUs this instance sees (CUDA_VISIBLE_DEVICES), and the driver's
-    branch (its major version); ("none", "none") without an NVIDIA driver."""
+def smi_rows(fields: str, visible: str | None = None) -> list[list[str]] | str:
+    """nvidia-smi's `fields` (comma-separated) of each GPU this instance sees
+    (CUDA_VISIBLE_DEVICES, used only if it is GPU indexes or UUIDs), one row a GPU; "none"
+    without nvidia-smi, "unreadable" when it fails or says nothing."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return "none", "none"
-    argv = [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"]
+        return "none"
+    argv = [smi, f"--query-gpu={fields}", "--format=csv,noheader"]
     ids = [i.strip() for i in (visible or "").split(",") if i.strip()]
     if ids and all(re.fullmatch(r"[0-9]+|GPU-[0-9a-fA-F-]+", i) for i in ids):
         argv += ["-i", ",".join(ids)]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return "unreadable", "unreadable"
-    rows = [[f.strip() for f in line.split(",")] for line in out.stdout.splitlines() if "," in line]
-    if out.returncode or not rows:
-        return "unreadable", "unreadable"
+        return "unreadable"
+    width = fields.count(",") + 1
+    rows = [r for line in out.stdout.splitlines()
+            if len(r := [f.strip() for f in line.split(",")]) == width and all(r)]
+    return "unreadable" if out.returncode or not rows else rows
+
+
+def gpus(visible: str | None = None) -> tuple[str, str]:
+    """The model names of the GPUs this instance sees (CUDA_VISIBLE_DEVICES), and the driver's
+    branch (its major version); ("none", "none") without an NVIDIA driver."""
+    rows = smi_rows("name,driver_version", visible)
+    if isinstance(rows, str):
+        return rows, rows
     names = sorted({r[0] for r in rows})
     majors = sorted({r[1].split(".")[0] for r in rows})
     return ",".join(names), ",".join(majors)

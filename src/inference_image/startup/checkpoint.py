@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded_http import fetch
-from .bundle import machine_key
+from .bundle import machine_key, smi_rows
 from .cuda_checkpoint import Driver, gpu_processes, tree
 
 SCHEMA = 1
@@ -68,21 +68,6 @@ class Timings:
 
 # ---- the key ----------------------------------------------------------------------------------
 
-def _smi(query: str) -> list[str]:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    argv = [smi, f"--query-gpu={query}", "--format=csv,noheader"]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible:
-        argv += ["-i", visible]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ["unreadable"]
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] or ["unreadable"]
-
-
 def criu_version(criu: str) -> str:
     try:
         out = subprocess.run([criu, "--version"], capture_output=True, text=True, timeout=30,
@@ -106,9 +91,10 @@ def checkpoint_key(cache: Path, profile_json: Path | None, units: Path, instance
                    criu: str) -> dict[str, str]:
     """Everything a restored instance depends on (the instance's environment, as inference-run
     exports it, names its models and GPUs)."""
+    rows = smi_rows("driver_version,uuid", os.environ.get("CUDA_VISIBLE_DEVICES"))
     return {**machine_key(cache, profile_json),
-            "driver": ",".join(sorted(set(_smi("driver_version")))) or "none",
-            "gpu_uuids": ",".join(_smi("uuid")) or "none",
+            "driver": rows if isinstance(rows, str) else ",".join(sorted({r[0] for r in rows})),
+            "gpu_uuids": rows if isinstance(rows, str) else ",".join(r[1] for r in rows),
             "kernel": platform.release(),
             "criu": criu_version(criu),
             "unit_sha256": unit_digest(units, instance)}
@@ -214,19 +200,14 @@ def device_files(pids: list[int]) -> list[str]:
 
 
 def io_uring_holders(pids: list[int]) -> list[str]:
-    """The processes holding an io_uring (CRIU cannot write one): pid, command and the event
-    libraries they map (libuv, uvloop)."""
+    """The processes holding an io_uring (CRIU cannot write one), by pid and command."""
     out = []
     for p in pids:
         try:
             fds = [os.readlink(f"/proc/{p}/fd/{f}") for f in os.listdir(f"/proc/{p}/fd")]
-            if not any("io_uring" in f for f in fds):
-                continue
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-            libs = sorted({line.rsplit("/", 1)[-1] for line in
-                           Path(f"/proc/{p}/maps").read_text().splitlines()
-                           if "uv" in line.rsplit("/", 1)[-1] and ".so" in line})
-            out.append(f"{p} ({cmd.strip()}; maps {', '.join(libs) or 'no uv library'})")
+            if any("io_uring" in f for f in fds):
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                out.append(f"{p} ({cmd.strip()[:120]})")
         except OSError:
             continue
     return out
@@ -270,10 +251,11 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
             for p in gpus:
                 drv.checkpoint(p)
             t.mark("cuda_checkpoint")
-            if held := device_files(tree(pid)):
+            pids = tree(pid)
+            if held := device_files(pids):
                 raise CheckpointRefused("CRIU cannot write a device file, and CUDA's checkpoint "
                                         "left these open: " + "; ".join(held))
-            if holders := io_uring_holders(tree(pid)):
+            if holders := io_uring_holders(pids):
                 raise CheckpointRefused("CRIU cannot write an io_uring, and these processes hold "
                                         "one: " + "; ".join(holders))
             _criu(criu, ["dump", "-t", str(pid), "-D", str(tmp / IMAGES), "--leave-running",
