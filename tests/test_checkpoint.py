@@ -197,3 +197,26 @@ def test_a_take_that_fails_wakes_the_instance_and_leaves_nothing(
         checkpoint.take(os.getpid(), port, "m", dest, dict(KEY), "criu")
     assert calls == ["/v1/completions", "/sleep", "/wake_up"]
     assert not dest.exists() and list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_a_named_semaphore_a_process_maps_is_found_by_its_name(tmp_path: Path) -> None:
+    """The start method spawn keeps a semaphore's name under /dev/shm while glibc maps the file
+    through a temporary name it removed: take() removes such names (CRIU then writes the file
+    into the images) and nothing else of /dev/shm. A child that holds one, its name found; the
+    name of a file nobody maps through a deleted name, not."""
+    code = ("import multiprocessing as mp, sys, time\n"
+            "lock = mp.get_context('spawn').Lock()\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    other = Path("/dev/shm") / f"inference-image-test-{os.getpid()}"
+    other.write_bytes(b"x")
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        names = checkpoint.shm_names([child.pid])
+        assert len(names) == 1 and names[0].name.startswith("sem.") and names[0].exists()
+        assert other not in names
+        assert checkpoint.shm_names([os.getpid()]) == []
+    finally:
+        child.kill()
+        child.wait()
+        other.unlink()

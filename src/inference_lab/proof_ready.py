@@ -43,11 +43,12 @@ FIRST_ANSWER_TOKENS = 16
 IMPORT_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-# the server's command-line flag and variable a checkpoint needs: vLLM's sleep mode and its
-# /sleep and /wake_up endpoints
+# the server's command-line flag and variables a checkpoint needs: vLLM's sleep mode and its
+# /sleep and /wake_up endpoints; the engine core spawned, since one forked from the API server
+# keeps NVIDIA device files CUDA's checkpoint cannot release (docs/benchmarks.md#run-62)
 CHECKPOINT_ARGS = "--enable-sleep-mode"
 CHECKPOINT_ENV = {"VLLM_SERVER_DEV_MODE": "1", "INFERENCE_IMAGE_CHECKPOINT": "1",
-                  "VLLM_HOST_IP": "127.0.0.1"}
+                  "VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 
 def criu_bin() -> str:
@@ -242,8 +243,8 @@ class ReadySteps:
             if state == "checkpoint":
                 if taken is None:
                     raise ProofError(f"{label}: no checkpoint was taken before its restore")
-                self._restored(label, *taken, port, step, i == len(starts) - 1,
-                               runs.setdefault(state, {}))
+                runs[state] = {}  # nothing of an earlier call's restore kept
+                self._restored(label, *taken, port, step, i == len(starts) - 1, runs[state])
                 self.save()
                 continue
             if state == "cold":
@@ -349,13 +350,17 @@ class ReadySteps:
         time it to its reference answer, into `entry` (a refusal too); the bench rows from the
         restored server if asked."""
         entry["page_cache_dropped"] = drop_page_cache()
+        # synthetic acceptance draws which draft tokens stand: the same prompt's answer differs
+        entry["reference_compared"] = not (step.acceptance_length or step.acceptance_rates
+                                           or step.published_acceptance)
         self._phase("the checkpoint's restore")
         lines: list[tuple[float, str]] = []
         srv = Restored(self.work / "logs" / f"{label}-checkpoint.log", lines)
         t = checkpoint.Timings()
         try:
             try:
-                srv.pid = checkpoint.restore(dest, key, criu_bin(), t, stdout=srv.write_fd)
+                srv.pid = checkpoint.restore(dest, key, criu_bin(), t, stdout=srv.write_fd,
+                                             compare=entry["reference_compared"])
             except checkpoint.CheckpointRefused as exc:
                 entry.update({"refused": str(exc)[:600], "phases": t.phases})
                 raise ProofError(f"{label}: the checkpoint was not restored: {exc}") from None
@@ -366,8 +371,9 @@ class ReadySteps:
                           "said": {}})
             self.results.setdefault("ready_s", {})[f"{label}-checkpoint"] = {
                 "s": ready, "compile_cache": "checkpoint"}
-            print(f"[{label}] checkpoint: ready {ready} s, answered {answered} s (the reference "
-                  f"answer as before); phases {t.phases}", flush=True)
+            print(f"[{label}] checkpoint: ready {ready} s, answered {answered} s ("
+                  f"{'the reference answer as before' if entry['reference_compared'] else 'an answer'}"
+                  f"); phases {t.phases}", flush=True)
             if step.concurrency and last:
                 self._phase("the bench rows")
                 self._bench(f"{label}-checkpoint", port, self.step_resolved(step).profile.model
