@@ -1,31 +1,30 @@
 """INFERENCE_IMAGE_CHECKPOINT=1 (the instance is checkpointed with CRIU: inference_image.startup.
-checkpoint): once vLLM's worker sleeps, NVML is shut down in its process. NVML keeps the NVIDIA
-control device open from its first init to its last shutdown; CUDA's checkpoint releases only
-CUDA's own device files, and CRIU cannot write a device file."""
+checkpoint): once vLLM's worker sleeps, torch's cached but unused GPU blocks go back to the
+driver, so CUDA's checkpoint copies into host memory, and CRIU into the images, only what the
+engine still holds (graphs, buffers) besides the weights sleep mode keeps."""
 
-import ctypes
 import functools
+import gc
 import logging
 from typing import Any
 
 logger = logging.getLogger("vllm.inference_image_vllm")
 
-LOG_CHECKPOINTABLE = ("inference-image: the worker releases NVML when it sleeps, so CRIU can "
-                      "checkpoint it")
-NVML = "libnvidia-ml.so.1"
-NVML_SUCCESS = 0
+LOG_CHECKPOINTABLE = ("inference-image: the worker empties torch's GPU cache when it sleeps, so "
+                      "a checkpoint holds only what it uses")
 
 
-def release_nvml(library: str = NVML) -> int:
-    """Shut NVML down in this process however many times it was initialised: how many."""
-    try:
-        lib = ctypes.CDLL(library)
-    except OSError:
+def release_cached() -> int:
+    """Return torch's cached, unused GPU blocks to the driver: the bytes released (0 without a
+    GPU)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return 0
-    n = 0
-    while n < 1024 and lib.nvmlShutdown() == NVML_SUCCESS:
-        n += 1
-    return n
+    gc.collect()
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    return max(0, before - torch.cuda.memory_reserved())
 
 
 def install() -> None:
@@ -36,8 +35,8 @@ def install() -> None:
     @functools.wraps(original)
     def sleep(self: Any, level: int = 1) -> None:
         original(self, level)
-        logger.info("inference-image: NVML released after sleep (%d init(s) undone)",
-                    release_nvml())
+        logger.info("inference-image: %.2f GiB of torch's GPU cache released after sleep",
+                    release_cached() / 2**30)
 
     gpu_worker.Worker.sleep = sleep
     logger.info(LOG_CHECKPOINTABLE)
