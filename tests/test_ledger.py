@@ -119,3 +119,34 @@ def test_every_committed_record_is_of_the_one_schema() -> None:
     for r in recs:
         assert f"### {r.heading()}\n" in page and f"(benchmarks/{r.name})" in page
         assert r.anchor() in linked  # what docs link to, e.g. benchmarks.md#run-55
+
+
+def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() -> None:
+    """The ready table keeps the newest run of the render as it ships beside the newest run
+    that restored a checkpoint (its server ran with sleep mode, labelled so); a run with sleep
+    mode that restored nothing is left out; the restore's phases get their own columns."""
+    from inference_lab import ready_chart
+
+    def proof(sleep: bool, restored: bool) -> dict[str, object]:
+        starts: dict[str, object] = {"cold": {"answered_s": 130.0, "phases": [
+            ["api_imports", 30.0], ["first_answer", 0.1]]}}
+        if restored:
+            starts["checkpoint"] = {"answered_s": 18.4, "phases": [
+                ["validate", 0.1], ["criu_restore", 15.0], ["first_answer", 0.2]]}
+        return {"ready": {"h100": {"sleep_mode": sleep, "order": ["cold", "checkpoint"],
+                                   "starts": starts}}}
+
+    found = [*ready_chart.starts(60, "a", proof(False, False)),
+             *ready_chart.starts(61, "b", proof(True, False)),
+             *ready_chart.starts(62, "c", proof(True, True)),
+             *ready_chart.starts(59, "d", proof(False, False))]
+    rows = ready_chart.newest(found)
+    assert [(s.run, s.state, s.name()) for s in rows] == [
+        (60, "cold", "image, cold (a)"), (62, "cold", "image + sleep mode, cold (c)"),
+        (62, "checkpoint", "image + sleep mode, checkpoint (c)")]
+    table = ready_chart.table(rows)
+    head = table.splitlines()[0]
+    assert "criu_restore" in head and "cuda_restore" not in head
+    assert head.index("criu_restore") < head.index("first_answer")
+    assert "| 18.4 |" in table.splitlines()[-1] and "| 15.0 |" in table.splitlines()[-1]
+    assert ready_chart.table(rows[:1]).splitlines()[0].count("criu_restore") == 0

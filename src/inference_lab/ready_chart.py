@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference_image.startup import PHASES
+from inference_image.startup.checkpoint import RESTORE_PHASES
 
-# the phases in the order a start passes them (a stacked bar's segments, left to right)
-ORDER = tuple(PHASES.values())
+# the phases in the order a start passes them (a stacked bar's segments, left to right); a
+# restored checkpoint's phases before the first answer both share
+ORDER = (*(p for p in PHASES.values() if p != "first_answer"),
+         *(p for p in RESTORE_PHASES if p != "first_answer"), "first_answer")
 STATES = ("cold", "warm", "bundle", "checkpoint")
 
 
@@ -24,9 +27,14 @@ class Start:
     state: str
     answered_s: float
     phases: list[tuple[str, float]]
+    # the server ran with what a checkpoint needs (vLLM's sleep mode, a spawned engine core:
+    # proof_ready.CHECKPOINT_ENV), not quite as it ships
+    sleep_mode: bool = False
 
     def name(self) -> str:
-        return f"{'vanilla vLLM' if self.vanilla else 'image'}, {self.state} ({self.machine})"
+        what = "vanilla vLLM" if self.vanilla else "image + sleep mode" if self.sleep_mode \
+            else "image"
+        return f"{what}, {self.state} ({self.machine})"
 
 
 def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
@@ -42,28 +50,36 @@ def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
             if "answered_s" in e:
                 out.append(Start(run, machine, label, bool(rec.get("vanilla")), state,
                                  float(e["answered_s"]),
-                                 [(str(n), float(s)) for n, s in e.get("phases", [])]))
+                                 [(str(n), float(s)) for n, s in e.get("phases", [])],
+                                 bool(rec.get("sleep_mode"))))
     return out
 
 
 def newest(found: list[Start]) -> list[Start]:
-    """The newest run's starts, vanilla first, then cold, warm, bundle; a run's machines each
-    keep theirs (a bundle made on one machine is restored on another)."""
-    if not found:
-        return []
-    run = max(s.run for s in found)
-    return sorted((s for s in found if s.run == run),
-                  key=lambda s: (not s.vanilla, STATES.index(s.state) if s.state in STATES else 9,
-                                 s.machine))
+    """The newest run's starts as the render ships, vanilla first, then cold, warm, bundle, and
+    below them the newest run's that restored a checkpoint; a run's machines each keep theirs (a
+    bundle made on one machine is restored on another)."""
+    out: list[Start] = []
+    for group in ([s for s in found if not s.sleep_mode], [s for s in found if s.sleep_mode]):
+        if group:
+            run = max(s.run for s in group)
+            out += sorted((s for s in group if s.run == run),
+                          key=lambda s: (not s.vanilla,
+                                         STATES.index(s.state) if s.state in STATES else 9,
+                                         s.machine))
+    return out
 
 
 def table(rows: list[Start]) -> str:
-    head = "| start | first answer, s | " + " | ".join(ORDER) + " |\n"
-    head += "|---|---|" + "---|" * len(ORDER) + "\n"
+    """Markdown: a row a start, a column a phase any of them passed (ORDER)."""
+    seen = {n for s in rows for n, _ in s.phases}
+    cols = [p for p in ORDER if p in seen or p in PHASES.values()]
+    head = "| start | first answer, s | " + " | ".join(cols) + " |\n"
+    head += "|---|---|" + "---|" * len(cols) + "\n"
     for s in rows:
         ph = dict(s.phases)
         head += (f"| {s.name()}, run {s.run} | {s.answered_s:.1f} | "
-                 + " | ".join(f"{ph[p]:.1f}" if p in ph else "-" for p in ORDER) + " |\n")
+                 + " | ".join(f"{ph[p]:.1f}" if p in ph else "-" for p in cols) + " |\n")
     return head
 
 
@@ -110,9 +126,10 @@ def svg(tier: str, rows: list[Start]) -> str:
         ax.text(s.answered_s + 1, y, f"{s.answered_s:.0f} s", va="center")
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the process start to the first answer")
-    ax.set_title(f"{tier}: where a start's time goes (run {rows[0].run}, "
-                 f"{'page cache dropped before cold and bundle starts'})", fontsize=9)
+    runs = ", ".join(str(r) for r in dict.fromkeys(s.run for s in rows))
+    ax.set_title(f"{tier}: where a start's time goes (run {runs}, page cache dropped before "
+                 "cold, bundle and checkpoint starts)", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_xlim(0, max(s.answered_s for s in rows) * 1.12)
     fig.tight_layout()
-    return svg_text(fig)
+    return svg_text(fig, bbox_inches="tight")
