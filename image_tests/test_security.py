@@ -167,7 +167,7 @@ def test_internal_ports_unreachable_from_outside(profile: dict[str, Any], outsid
     _behind_nat(outside_address)
     internal = [i["port"] for i in profile["instances"]]
     internal += [profile["router"]["internal_port"], profile["router"]["metrics_port"],
-                 profile["limits"]["node_exporter_port"]]
+                 profile["limits"]["node_exporter_port"], profile["limits"]["status_exporter_port"]]
     open_ = [p for p in internal if tcp_open(outside_address, p, timeout=2)]
     assert not open_, f"reachable from outside on {outside_address}: {open_}"
 
@@ -263,7 +263,8 @@ def test_metrics_are_scraped_with_the_scrape_token_and_nothing_else(
     public port, /metrics/<target>, with the scrape token first boot made; without a token, or
     with the API key, it is refused, and the scrape token opens no API route."""
     targets = profile["router"]["scrape"]
-    assert targets == [i["name"] for i in profile["instances"]] + ["router", "node"], targets
+    assert targets == [i["name"] for i in profile["instances"]] + ["router", "node", "nginx"], \
+        targets
     token = HostKey(profile["paths"]["scrape_token"])
     assert root.file(token.path).content_string.strip() != \
         root.file(api_key.path).content_string.strip(), "the scrape token is the API key"
@@ -278,6 +279,31 @@ def test_metrics_are_scraped_with_the_scrape_token_and_nothing_else(
         f"/metrics/{first} is not vLLM's"
     assert http(root, public, "/v1/models", key=token).status == 401, "the scrape token opened the API"
     assert http(root, public, "/metrics/no-such-target", key=token).status in (401, 404)
+
+
+def _answers(root: Any, public: Public, token: HostKey, code: str) -> float:
+    """The public port's answers of this status so far (/metrics/nginx)."""
+    body = http(root, public, "/metrics/nginx", key=token).body
+    return sum(v for name, labels, v in metric_samples(body)
+               if name == "inference_http_responses_total" and labels.get("code") == code)
+
+
+@pytest.mark.serving
+def test_the_public_port_s_own_refusals_are_counted_by_status(
+        root: Any, profile: dict[str, Any], public: Public, api_key: HostKey) -> None:
+    """A request without the API key, which nginx refuses itself (no upstream counts it), shows
+    as one more 401 in /metrics/nginx (mtail, from nginx's status line), and a scrape is not
+    counted as an answer."""
+    token = HostKey(profile["paths"]["scrape_token"])
+    before = _answers(root, public, token, "401")
+    assert http(root, public, "/v1/models").status == 401
+    assert wait_for(lambda: _answers(root, public, token, "401") == before + 1, 15, every=0.5), \
+        f"401s counted: {before} before, {_answers(root, public, token, '401')} after one more"
+    ok = _answers(root, public, token, "200")
+    for _ in range(3):
+        assert http(root, public, "/metrics/node", key=token).status == 200
+    time.sleep(1)
+    assert _answers(root, public, token, "200") == ok, "scrapes are counted as answers"
 
 
 # what Prometheus makes itself for every target, served by none

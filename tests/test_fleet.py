@@ -488,9 +488,10 @@ def test_scrape_config_scrapes_every_droplet_with_its_own_token_and_prometheus_t
     assert [j["job_name"] for j in jobs] == ["inference-image-llama70b-router"] + [
         f"inference-image-llama70b-worker-{i}" for i in range(1, 5)]
     router, worker = jobs[0], jobs[1]
-    assert [s["labels"]["target"] for s in router["static_configs"]] == ["router", "node"]
+    assert [s["labels"]["target"] for s in router["static_configs"]] == ["router", "node",
+                                                                        "nginx"]
     assert [s["labels"]["target"] for s in worker["static_configs"]] == [
-        "vllm-0", "vllm-1", "vllm-2", "vllm-3", "router", "node", "gpu"]
+        "vllm-0", "vllm-1", "vllm-2", "vllm-3", "router", "node", "nginx", "gpu"]
     assert worker["authorization"]["credentials_file"] == \
         "/etc/prometheus/inference-image/llama70b-worker-1/scrape-token"
     promtool = shutil.which("promtool")

@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT
 
 from inference_image.profiles import resolve
-from inference_image.render import PATHS, prometheus_targets, render, scrape_targets
+from inference_image.render import PATHS, ansible_vars, prometheus_targets, render, scrape_targets
 
 DOC = ROOT / "docs/operations.md"
 
@@ -111,11 +111,12 @@ def test_the_local_agent_and_the_public_port_list_the_same_sources(tmp_path: Pat
     r = resolve("h200x8")
     local = sorted(t for g in prometheus_targets(r) for t in g["targets"])
     public = sorted(f"127.0.0.1:{t['port']}" for t in scrape_targets(r))
-    assert local == public and len(local) == len(r.instances) + 3  # router, node, gpu
+    assert local == public and len(local) == len(r.instances) + 4  # router, node, nginx, gpu
     render(r, tmp_path)
     written = json.loads((tmp_path / PATHS["prometheus_targets"].lstrip("/")).read_text())
     assert written == prometheus_targets(r)
-    assert {g["labels"]["job"] for g in written} == {"vllm", "vllm-router", "node", "dcgm"}
+    assert {g["labels"]["job"] for g in written} == {"vllm", "vllm-router", "node", "nginx",
+                                                     "dcgm"}
     # a tier without GPUs has no DCGM exporter to list
     assert "dcgm" not in {g["labels"]["job"] for g in prometheus_targets(resolve("cpu"))}
 
@@ -126,14 +127,20 @@ def test_every_gpu_series_a_rule_or_panel_reads_is_one_the_exporter_is_started_w
     file is what the role's drop-in names."""
     from inference_image.observability import (
         DCGM_COUNTERS,
+        DCGM_NVSWITCH_COUNTERS,
         DCGM_PREFIX,
         dashboard_metrics,
         dcgm_counters,
         rules_metrics,
     )
 
-    counters = dcgm_counters()
-    assert counters and all(c.startswith(DCGM_PREFIX) for c in counters), counters
+    base, fabric = dcgm_counters(), dcgm_counters(ROOT / DCGM_NVSWITCH_COUNTERS)
+    counters = base | fabric
+    assert base and fabric and not base & fabric, (base, fabric)
+    assert all(c.startswith(DCGM_PREFIX) for c in counters), counters
+    # a fabric tier's render asks for the fabric's fields, a tier without one not
+    assert ansible_vars(resolve("h100x8"))["observability_nvswitch"] is True
+    assert ansible_vars(resolve("h100"))["observability_nvswitch"] is False
     read = {what: {m for m in names if m.startswith(DCGM_PREFIX)}
             for what, names in {**rules_metrics(), **dashboard_metrics()}.items()}
     assert any(read.values()), "no rule reads a GPU series"

@@ -567,7 +567,7 @@ def scrape_targets_of(p: Plan, role: str) -> list[str]:
     droplet (router_tier's size) may have no GPU; a node's stage serves no API."""
     names = [t["name"] for t in scrape_targets(p.tier)]
     if role == "router":
-        return [n for n in names if n in ("router", "node")]
+        return [n for n in names if n in ("router", "node", "nginx")]
     if role == "node":
         return [n for n in names if n in ("node", "gpu")]
     return names

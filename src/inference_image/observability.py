@@ -16,6 +16,8 @@ ALERTS = Path("docs/operations/alerts.yml")
 DASHBOARD = Path("docs/operations/dashboard.json")
 # the DCGM fields the GPU tiers' exporter serves (the observability role starts it with this file)
 DCGM_COUNTERS = Path("roles/observability/files/dcgm-counters.csv")
+# the fields added where the tier has an NVSwitch fabric (hardware.nvswitch)
+DCGM_NVSWITCH_COUNTERS = Path("roles/observability/files/dcgm-counters-nvswitch.csv")
 # what every DCGM exporter series is named after
 DCGM_PREFIX = "DCGM_FI_"
 # what a dashboard variable stands for when its queries are checked outside Grafana
@@ -80,6 +82,6 @@ def dashboard_as_rules(path: Path | None = None) -> str:
 
 
 def dcgm_counters(path: Path | None = None) -> set[str]:
-    """The DCGM fields in the exporter's counters file (its non-comment lines' first column)."""
+    """The DCGM fields in an exporter counters file (its non-comment lines' first column)."""
     lines = (path or project_root() / DCGM_COUNTERS).read_text().splitlines()
     return {ln.split(",", 1)[0].strip() for ln in lines if ln.strip() and not ln.startswith("#")}

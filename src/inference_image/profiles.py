@@ -202,6 +202,9 @@ MAX_SET_CHARS = 4096
 NODE_EXPORTER_PORT = 9100
 # NVIDIA's DCGM exporter on a GPU tier, on loopback (its own default port): the same.
 DCGM_EXPORTER_PORT = 9400
+# mtail, on loopback (its own default port), counting the public port's answers by status from
+# nginx's log lines, which it takes as syslog on the UDP port after it: the same.
+STATUS_EXPORTER_PORT = 3903
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         try:
@@ -597,6 +600,7 @@ def _check_ports(p: Profile, err: ErrFn) -> None:
             f"{max(inst_ports)}, past 65535", f"set at most {65536 - s.instances}")
     # the node exporter first: a profile port that takes its port is the field to change
     named = [("the node exporter (observability role)", NODE_EXPORTER_PORT)]
+    named.append(("the status counter, mtail (observability role)", STATUS_EXPORTER_PORT))
     if p.hardware.gpu_count:
         named.append(("the DCGM exporter (observability role)", DCGM_EXPORTER_PORT))
     named += [(f"serving instance vllm-{i}", port) for i, port in enumerate(inst_ports)]

@@ -20,6 +20,7 @@ from . import startup
 from .profiles import (
     DCGM_EXPORTER_PORT,
     NODE_EXPORTER_PORT,
+    STATUS_EXPORTER_PORT,
     SUPPORTED_RELEASES,
     Instance,
     Resolved,
@@ -111,6 +112,8 @@ ROUTER_USER = "inference-router"
 # free space an instance needs beside its caches.
 LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE_EXPORTER_PORT,
           "dcgm_exporter_port": DCGM_EXPORTER_PORT,
+          # mtail's metrics, and the loopback UDP port nginx sends it a line an answer on
+          "status_exporter_port": STATUS_EXPORTER_PORT, "status_log_port": STATUS_EXPORTER_PORT + 1,
           # an instance does not start with less free beside its compile cache: it would fail
           # later, mid-compile, with a less clear error
           "min_cache_free_mib": 256,
@@ -509,6 +512,9 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "observability_node_exporter_listen": f"127.0.0.1:{LIMITS['node_exporter_port']}",
         "observability_dcgm_exporter_listen": f"127.0.0.1:{LIMITS['dcgm_exporter_port']}",
         "observability_dcgm_major": v.dcgm or "",
+        "observability_nvswitch": p.hardware.nvswitch,
+        "observability_status_listen_port": LIMITS["status_exporter_port"],
+        "observability_status_log": f"udp://127.0.0.1:{LIMITS['status_log_port']}",
     }
 
 
@@ -583,10 +589,12 @@ def listen_address(r: Resolved) -> str:
 
 def metrics_sources(r: Resolved) -> list[dict[str, Any]]:
     """Every Prometheus page of the machine, each on its loopback port: each vLLM instance, the
-    router's Prometheus port, node exporter and, on a GPU tier, NVIDIA's DCGM exporter."""
+    router's Prometheus port, node exporter, the public port's answers by status (mtail, from
+    nginx's log) and, on a GPU tier, NVIDIA's DCGM exporter."""
     return [*({"name": i.name, "job": "vllm", "port": i.port} for i in r.instances),
             {"name": "router", "job": "vllm-router", "port": r.profile.router.metrics_port},
             {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"]},
+            {"name": "nginx", "job": "nginx", "port": LIMITS["status_exporter_port"]},
             *([{"name": "gpu", "job": "dcgm", "port": LIMITS["dcgm_exporter_port"]}]
               if r.is_gpu else [])]
 
