@@ -49,7 +49,15 @@ def test_summary_of_a_trace(tmp_path: Path) -> None:
     assert s["top_kernels"][1]["name"].endswith("<...>")  # template arguments cut
     assert s["annotations"]["gpu_model_runner: forward"] == {"calls": 2, "mean_ms": 0.075}
     assert s["launches"] == {"cudaGraphLaunch": 1, "cudaLaunchKernel": 1}
-    assert "GPU busy 0.108 of 0.16 ms" in trace.table(s)
+    text = trace.table(s)
+    assert "GPU busy 0.108 of 0.16 ms" in text
+    # the kernels as a table: a header, then the heaviest first, its columns lined up
+    head = next(ln for ln in text.splitlines() if "total ms" in ln)
+    first = text.splitlines()[text.splitlines().index(head) + 1]
+    assert head.split() == ["total", "ms", "calls", "mean", "us", "kind", "kernel"]
+    assert first.split()[:4] == [f"{top['total_ms']:.2f}", "2", "20.0", top["kind"]]
+    assert first.index("_fp8_gemv_kernel") == head.index("kernel")  # names on the left
+    assert first.index("2 ") + 1 == head.index("calls") + len("calls")  # numbers on the right
 
 
 def test_a_trace_without_gpu_events_says_so() -> None:

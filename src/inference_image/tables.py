@@ -13,14 +13,17 @@ _tabulate.MIN_PADDING = 0
 
 
 def text_table(rows: Sequence[Sequence[object]], *, rule: bool = False, right: bool = False,
-               indent: str = "", first_left: bool = False) -> str:
+               indent: str = "", first_left: bool = False, align: str = "") -> str:
     """`rows` (the first is the header) as aligned columns; `rule` puts a dashed line under the
-    header, `right` aligns every column right (`first_left`: but the first, a name), `indent`
-    starts every line."""
+    header, `right` aligns every column right (`first_left`: but the first, a name), `align`
+    column by column ("r" right, "l" left: "rrll"), `indent` starts every line."""
     head, body = [str(c) for c in rows[0]], [[str(c) for c in r] for r in rows[1:]]
-    align = ["right" if right else "left"] * len(head)
-    if first_left and align:
-        align[0] = "left"
+    if align:
+        cols = ["right" if a == "r" else "left" for a in align.ljust(len(head), "l")]
+    else:
+        cols = ["right" if right else "left"] * len(head)
+        if first_left and cols:
+            cols[0] = "left"
     out = tabulate(body, headers=head, tablefmt="simple" if rule else "plain",
-                   disable_numparse=True, colalign=align)
+                   disable_numparse=True, colalign=cols)
     return "\n".join(indent + line.rstrip() for line in out.split("\n"))

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from inference_image.tables import text_table
+
 # First match wins: a GEMM with an FP8 epilogue is a GEMM, not a quantization; FA3's kernels are
 # Cutlass device kernels of flash:: types, attention before the GEMM rule sees "cutlass".
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -199,8 +201,11 @@ def table(s: dict[str, Any]) -> str:
     lines = [f"GPU busy {s['gpu_busy_ms']} of {s['window_ms']} ms ({s['gpu_idle_share']:.0%} idle)",
              "by kind: " + ", ".join(f"{k} {v:.0%}" for k, v in s["by_kind_share"].items()),
              "launches: " + ", ".join(f"{k} {v}" for k, v in s["launches"].items())]
-    lines += [f"  {k['total_ms']:>9.2f} ms {k['calls']:>6}x {k['mean_us']:>8.1f} us  {k['kind']:<9} "
-              f"{k['name']}" for k in s["top_kernels"][:12]]
+    if top := s["top_kernels"][:12]:
+        lines.append(text_table(
+            [("total ms", "calls", "mean us", "kind", "kernel"),
+             *((f"{k['total_ms']:.2f}", k["calls"], f"{k['mean_us']:.1f}", k["kind"], k["name"])
+               for k in top)], indent="  ", align="rrrll"))
     lines += [f"  step {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
               list(s["annotations"].items())[:10]]
     lines += [f"  host {n}: {a['calls']}x {a['mean_ms']} ms" for n, a in
