@@ -105,8 +105,13 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
         assert all(n in in_set for n in want), in_set
         assert root.run(paths["join"]).stdout == "", "a second run must change nothing"
         root.run_test("systemctl restart vllm-router")
-        argv = root.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value vllm-router)/cmdline")
-        assert "--host 0.0.0.0" in argv.stdout and "--worker-urls" not in argv.stdout, argv.stdout
+
+        def argv() -> str:
+            return str(root.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value "
+                                "vllm-router)/cmdline").stdout)
+        # the unit's main process is inference-run's shell until it execs the router
+        assert _eventually(lambda: "--host 0.0.0.0" in argv()), argv()
+        assert "--worker-urls" not in argv(), argv()
         # (connection refused until the restarted router listens: _workers_or_none waits for it)
         assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) is not None)
         assert workers(root, rt["internal_port"]) == []
