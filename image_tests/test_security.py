@@ -310,8 +310,13 @@ def test_the_public_port_s_own_refusals_are_counted_by_status(
     ok = _answers(root, public, token, "200")
     for _ in range(3):
         assert http(root, public, "/metrics/node", key=token).status == 200
-    time.sleep(1)
+    time.sleep(3)  # past nginx's flush of the log
     assert _answers(root, public, token, "200") == ok, "scrapes are counted as answers"
+    # the log mtail reads holds a status a line and nothing else of a request
+    log = root.file(profile["paths"]["status_log"])
+    assert log.user == "root" and log.mode == 0o644, f"{log.path}: {oct(log.mode)} {log.user}"
+    lines = root.run(f"tail -n 1000 {log.path}").stdout.splitlines()
+    assert lines and all(len(ln) == 3 and ln.isdigit() for ln in lines), lines[:5]
 
 
 # what Prometheus makes itself for every target, served by none

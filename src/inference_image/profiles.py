@@ -203,7 +203,7 @@ NODE_EXPORTER_PORT = 9100
 # NVIDIA's DCGM exporter on a GPU tier, on loopback (its own default port): the same.
 DCGM_EXPORTER_PORT = 9400
 # mtail, on loopback (its own default port), counting the public port's answers by status from
-# nginx's log lines, which it takes as syslog on the UDP port after it: the same.
+# nginx's log of them: the same.
 STATUS_EXPORTER_PORT = 3903
 def read_yaml(path: Path) -> dict[str, Any]:
     try:

@@ -42,6 +42,8 @@ PATHS = {
     # the token a remote Prometheus scrapes the public port's /metrics/<target> with (root only,
     # made per machine by firstboot like the API key, and not the API key)
     "scrape_token": "/etc/inference-image/scrape-token",
+    # nginx's line an answer of the public port, its HTTP status alone, which mtail counts
+    "status_log": "/var/log/inference-image/http-status.log",
     "scrape_token_map": "/etc/inference-image/scrape-token.nginx",
     "models": "/var/lib/inference-image/models",
     "cache": "/var/cache/inference-image",
@@ -112,8 +114,8 @@ ROUTER_USER = "inference-router"
 # free space an instance needs beside its caches.
 LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE_EXPORTER_PORT,
           "dcgm_exporter_port": DCGM_EXPORTER_PORT,
-          # mtail's metrics, and the loopback UDP port nginx sends it a line an answer on
-          "status_exporter_port": STATUS_EXPORTER_PORT, "status_log_port": STATUS_EXPORTER_PORT + 1,
+          # mtail's metrics: the public port's answers by status, from PATHS["status_log"]
+          "status_exporter_port": STATUS_EXPORTER_PORT,
           # an instance does not start with less free beside its compile cache: it would fail
           # later, mid-compile, with a less clear error
           "min_cache_free_mib": 256,
@@ -514,7 +516,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "observability_dcgm_major": v.dcgm or "",
         "observability_nvswitch": p.hardware.nvswitch,
         "observability_status_listen_port": LIMITS["status_exporter_port"],
-        "observability_status_log": f"udp://127.0.0.1:{LIMITS['status_log_port']}",
+        "observability_status_log": PATHS["status_log"],
     }
 
 
