@@ -220,3 +220,60 @@ def test_a_named_semaphore_a_process_maps_is_found_by_its_name(tmp_path: Path) -
         child.kill()
         child.wait()
         other.unlink()
+
+
+def test_memory_counts_what_a_process_holds_anonymously() -> None:
+    """The manifest's memory: a process that takes 64 MiB more anonymous memory is counted with
+    them; a pid that is gone is left out."""
+    def anon() -> float:
+        return float(checkpoint.memory([os.getpid()])[str(os.getpid())]["rssanon_mib"])
+
+    before = anon()
+    held = bytearray(64 * 2**20)
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    assert anon() - before >= 60
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    got = checkpoint.memory([os.getpid(), proc.pid])
+    assert list(got) == [str(os.getpid())]
+    assert got[str(os.getpid())]["cmd"] == " ".join(sys.orig_argv)[:120].strip()
+    del held
+
+
+def test_a_restore_whose_pid_is_taken_says_so_and_leaves_the_checkpoint_usable(
+        tmp_path: Path) -> None:
+    """CRIU restores a process under the pid it had: one taken by another process (a start after
+    a reboot) is refused naming the pid. The statistics CRIU writes go to its work directory
+    (-W, the checkpoint's folder), not among the images: the next restore still finds the
+    images the manifest lists. CRIU stood in for by a script doing what the real one does there
+    (a real restore needs a real checkpoint, which needs the GPU machine)."""
+    dest = _checkpoint(tmp_path / "vllm-0")
+    criu = tmp_path / "criu"
+    criu.write_text(
+        "#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in -o) log=$2;; -W) work=$2;; -D) img=$2;; "
+        "esac; shift; done\n: > \"${work:-$img}/stats-restore\"\n"
+        "echo \"(00.1) Error (criu/cr-restore.c:1237): Can't fork for 4242: File exists\" > $log\n"
+        "exit 1\n")
+    criu.chmod(0o755)
+    for _ in range(2):
+        with pytest.raises(CheckpointRefused, match=r"pid 4242, which the checkpoint's process "
+                           r"had, is another process's now"):
+            checkpoint.restore(dest, dict(KEY), str(criu))
+    assert (dest / "stats-restore").exists()
+    checkpoint.validate(dest, dict(KEY))
+
+
+def test_kill_tree_waits_until_the_tree_has_exited() -> None:
+    """A restore needs the pids its checkpoint's processes had: killing a restored tree returns
+    once every process of it has exited (a zombie is its parent's to reap), its children too."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while len(tree(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    family = tree(proc.pid)
+    assert len(family) == 3
+    assert checkpoint.kill_tree(proc.pid, wait_s=10) == []
+    assert proc.wait(timeout=5) == -9
+    assert not any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text()
+                   .rpartition(")")[2].split()[0] != "Z" for p in family)

@@ -150,3 +150,21 @@ def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() 
     assert head.index("criu_restore") < head.index("first_answer")
     assert "| 18.4 |" in table.splitlines()[-1] and "| 15.0 |" in table.splitlines()[-1]
     assert ready_chart.table(rows[:1]).splitlines()[0].count("criu_restore") == 0
+
+
+def test_a_ready_steps_rows_ship_only_without_sleep_mode(tmp_path: Path) -> None:
+    """A ready step's bench rows are named after their start (img-bundle, img-checkpoint) and
+    read its command; a step run for a checkpoint (sleep mode, a spawned engine) is not the image
+    as it ships, neither its source server's rows nor its restore's."""
+    digest = resolve("h200").digest
+    _record(tmp_path, {"img": {"profile_sha256": digest, "sets": []},
+                       "ck": {"profile_sha256": digest, "sets": []}})
+    doc = json.loads((tmp_path / "2026-01-01-proof-run7.json").read_text())
+    proof = doc["machines"]["m"]
+    rows = proof["runs"].pop("img")
+    proof["runs"] = {"img-bundle": rows, "ck-cold": rows, "ck-checkpoint": rows, "ck-restart": rows}
+    proof["ready"] = {"img": {"sleep_mode": False}, "ck": {"sleep_mode": True}}
+    (tmp_path / "2026-01-01-proof-run7.json").write_text(json.dumps(doc))
+    series, _ = ledger.load(tmp_path)
+    assert {s.label: s.as_ships for s in series} == {
+        "img-bundle": True, "ck-cold": False, "ck-checkpoint": False, "ck-restart": False}

@@ -1958,12 +1958,14 @@ def test_ready_options_belong_to_ready_steps(capsys: pytest.CaptureFixture[str])
     assert cli.main(["proof", "step", "profile", "--starts", "cold"]) == 2
     assert "ready steps only" in capsys.readouterr().err
     assert proof.step_problem(proof.Step("ready", starts=("hot",))) == \
-        "starts: 'hot' is not one of cold, warm, bundle, checkpoint"
+        "starts: 'hot' is not one of cold, warm, bundle, checkpoint, restart"
     # a checkpoint is taken from the start before it, of the render
-    for starts, vanilla in ((("checkpoint", "cold"), False), (("cold", "checkpoint"), True)):
+    for starts, vanilla in ((("checkpoint", "cold"), False), (("cold", "checkpoint"), True),
+                            (("restart", "cold"), False), (("cold", "restart"), True)):
         assert "put another start first, and no vanilla" in str(proof.step_problem(
             proof.Step("ready", starts=starts, vanilla=vanilla)))
-    assert proof.step_problem(proof.Step("ready", starts=("cold", "checkpoint"))) is None
+    for starts in (("cold", "checkpoint"), ("cold", "checkpoint", "restart"), ("cold", "restart")):
+        assert proof.step_problem(proof.Step("ready", starts=starts)) is None
 
 
 @pytest.mark.parametrize(("args", "why"), [

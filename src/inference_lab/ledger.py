@@ -21,6 +21,7 @@ from typing import Any
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
 
 from . import ready_chart
+from .proof_plan import READY_STARTS
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 SCHEMA = 1
@@ -170,13 +171,16 @@ def load(path: Path, shipped: dict[str, str] | None = None) -> tuple[list[Series
             for label, rows in (proof.get("runs") or {}).items():
                 # a ready step's rows are named after their start (h100-bundle), its command not
                 base = label.removesuffix("-direct")
-                cmd = commands.get(label) or commands.get(base) or commands.get(
-                    re.sub(r"-(cold|warm|bundle)$", "", base))
+                step = re.sub(rf"-({'|'.join(READY_STARTS)})$", "", base)
+                cmd = commands.get(label) or commands.get(base) or commands.get(step)
                 if not isinstance(cmd, dict) or not isinstance(rows, list):
                     continue
                 sha = cmd.get("profile_sha256")
                 sets = tuple(cmd.get("sets") or ())
-                ships = bool(sha) and all(x.startswith(PLACEMENT) for x in sets) and (
+                # a server run for a checkpoint (sleep mode, a spawned engine) is not as it ships
+                sleep_mode = bool(((proof.get("ready") or {}).get(step) or {}).get("sleep_mode"))
+                ships = bool(sha) and not sleep_mode and all(
+                    x.startswith(PLACEMENT) for x in sets) and (
                     sha == shipped_digest(tier, sets, cache)
                     or f"{run}/{name}/{label}" in (shipped or {}))
                 s = Series(run, rec.date, rec.name, name, tier, label,

@@ -378,10 +378,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", action="append", default=[], type=_scenario,
                    help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}; "
                    "NAME:C1,C2 runs it at its own concurrencies instead of --step-concurrency's")
-    p.add_argument("--starts", type=_starts, metavar="cold,warm,bundle,checkpoint",
+    p.add_argument("--starts", type=_starts, metavar=",".join(READY_STARTS),
                    help="ready: the starts to time, in order (default cold,warm,bundle); "
                    "checkpoint restores the start before it from a CRIU checkpoint taken once "
-                   "it answered (root, CRIU: $PROOF_CRIU or on PATH)")
+                   "it answered, the page cache dropped first (root, CRIU: $PROOF_CRIU or on "
+                   "PATH); restart restores it with the images left in the page cache")
     p.add_argument("--vanilla", action="store_true",
                    help="ready: time vanilla `vllm serve` instead of the render")
     p.add_argument("--image-paths", action="store_true",

@@ -32,7 +32,10 @@ RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start", "r
 # the starts a `ready` step times: an empty cache, the cache the last start left, a warm-cache
 # bundle installed into an emptied cache, the start before it restored from a CRIU checkpoint
 # taken once it answered (startup.checkpoint); the default is the first three
-READY_STARTS = ("cold", "warm", "bundle", "checkpoint")
+# checkpoint: restored with the page cache dropped first (as after a reboot); restart: with its
+# images left in the page cache (as a crash or `systemctl restart` finds them)
+READY_STARTS = ("cold", "warm", "bundle", "checkpoint", "restart")
+RESTORED = ("checkpoint", "restart")
 DEFAULT_STARTS = READY_STARTS[:3]
 # The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();
 # the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
@@ -70,9 +73,9 @@ def step_problem(step: Step) -> str | None:
         return f"sampling: {step.sampling!r} is not one of {', '.join(SAMPLING_SOURCES)}"
     if bad := [x for x in step.starts if x not in READY_STARTS]:
         return f"starts: {bad[0]!r} is not one of {', '.join(READY_STARTS)}"
-    if "checkpoint" in step.starts and (step.starts[0] == "checkpoint" or step.vanilla):
-        return ("starts: checkpoint restores the render's start before it (e.g. cold,checkpoint);"
-                " put another start first, and no vanilla")
+    if set(RESTORED) & set(step.starts) and (step.starts[0] in RESTORED or step.vanilla):
+        return ("starts: checkpoint and restart restore the render's start before them (e.g. "
+                "cold,checkpoint); put another start first, and no vanilla")
     if (step.starts or step.vanilla or step.image_paths or step.bundle or step.import_profile) \
             and step.kind != "ready":
         return "starts, vanilla, image_paths, bundle, import_profile: ready steps only"

@@ -35,7 +35,7 @@ from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
 from inference_image.startup import checkpoint
 
 from .proof_machine import start
-from .proof_plan import DEFAULT_STARTS, STANDIN, ProofError, Step, vanilla_step
+from .proof_plan import DEFAULT_STARTS, RESTORED, STANDIN, ProofError, Step, vanilla_step
 from .proof_probes import completion_json
 
 BUNDLE_NAME = "warm-cache.tar.gz"
@@ -47,8 +47,8 @@ IMPORT_MODULE = "vllm.entrypoints.openai.api_server"
 # /sleep and /wake_up endpoints; the engine core spawned, since one forked from the API server
 # keeps NVIDIA device files CUDA's checkpoint cannot release (docs/benchmarks.md#run-62)
 CHECKPOINT_ARGS = "--enable-sleep-mode"
-CHECKPOINT_ENV = {"VLLM_SERVER_DEV_MODE": "1", "INFERENCE_IMAGE_CHECKPOINT": "1",
-                  "VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+CHECKPOINT_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1",
+                  "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 
 def criu_bin() -> str:
@@ -84,6 +84,7 @@ class Restored:
             os.close(self.write_fd)
         if not self.pid:
             return
+        family = checkpoint.tree(self.pid)
         with contextlib.suppress(OSError):
             os.killpg(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
@@ -92,9 +93,14 @@ class Restored:
                 if os.waitpid(self.pid, os.WNOHANG)[0]:
                     break
             time.sleep(0.5)
-        checkpoint.kill_tree(self.pid)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        # the tree's pids free again: the next restore of the same checkpoint needs them
+        left = checkpoint.kill_tree(self.pid, pids=family)
+        for p in family:  # this process is their subreaper: reaped, their pids are free
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p, 0 if p not in left else os.WNOHANG)
+        if taken := [p for p in family if Path(f"/proc/{p}").exists()]:
+            print(f"[restored] pids {taken} still taken after the restored tree was killed",
+                  flush=True)
         time.sleep(2)  # the engine process lets go of GPU memory after its parent
 
 
@@ -225,7 +231,8 @@ class ReadySteps:
         if step.bundle and not Path(step.bundle).is_file():
             raise ProofError(f"{label}: bundle {step.bundle}: not a file")
         argv, env, port, model, python, root, profile_json = self._ready_server(step)
-        if "checkpoint" in starts:
+        restores = bool(set(RESTORED) & set(starts))
+        if restores:
             env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
                 (env.get("INFERENCE_EXTRA_ARGS", ""), CHECKPOINT_ARGS)).strip()}
         record = self.results.setdefault("ready", {}).setdefault(label, {})
@@ -233,18 +240,19 @@ class ReadySteps:
         # quite as it ships; the ledger shows such starts only beside a restored one
         record.update({"cache": str(root), "python": python, "image_paths": step.image_paths,
                        "vanilla": step.vanilla, "argv": " ".join(argv),
-                       "sleep_mode": "checkpoint" in starts})
+                       "sleep_mode": restores})
         # the starts in the order they ran, over calls (proof.json sorts its keys)
         record["order"] = [*[s for s in record.get("order", []) if s not in starts], *starts]
         runs = record.setdefault("starts", {})
         bundle = Path(step.bundle) if step.bundle else None
         taken: tuple[Path, dict[str, str]] | None = None
         for i, state in enumerate(starts):
-            if state == "checkpoint":
+            if state in RESTORED:
                 if taken is None:
                     raise ProofError(f"{label}: no checkpoint was taken before its restore")
                 runs[state] = {}  # nothing of an earlier call's restore kept
-                self._restored(label, *taken, port, step, i == len(starts) - 1, runs[state])
+                self._restored(label, state, *taken, port, step, i == len(starts) - 1,
+                               runs[state])
                 self.save()
                 continue
             if state == "cold":
@@ -291,10 +299,13 @@ class ReadySteps:
                         entry["said"].get("warm_cache", ""):
                     raise ProofError(f"{label}: the bundle start did not use the bundle: "
                                      f"{entry['said'].get('warm_cache', 'no check line')}")
-                if "checkpoint" in starts[i + 1:i + 2]:
+                checkpointed = bool(set(RESTORED) & set(starts[i + 1:i + 2]))
+                if checkpointed:
                     taken = self._take(label, argv[-1], srv.proc.pid, port, model, root,
                                        profile_json, entry)
-                if step.concurrency and i == len(starts) - 1:
+                # the server a checkpoint was taken from benches too (after its dump and wake):
+                # its restore's rows compare with its own, from the same call
+                if step.concurrency and (i == len(starts) - 1 or checkpointed):
                     self._phase("the bench rows")
                     self._bench(f"{label}-{state}", port, model, step.concurrency,
                                 None if step.vanilla else self.step_resolved(step), (),
@@ -339,23 +350,24 @@ class ReadySteps:
         entry["checkpoint"] = {"phases": manifest["phases"], "files": len(manifest["files"]),
                                "mib": round(manifest["bytes"] / 2**20, 1),
                                "reference": manifest["reference"],
-                               "gpu_pids": len(manifest["gpu_pids"])}
+                               "gpu_pids": len(manifest["gpu_pids"]),
+                               "memory": manifest["memory"]}
         print(f"[{label}] checkpoint: {entry['checkpoint']['mib']} MiB in "
               f"{entry['checkpoint']['files']} files; phases {manifest['phases']}", flush=True)
         return dest, key
 
-    def _restored(self, label: str, dest: Path, key: dict[str, str], port: int, step: Step,
-                  last: bool, entry: dict[str, Any]) -> None:
-        """Restore the checkpoint at `dest` (the page cache dropped first, as after a reboot) and
-        time it to its reference answer, into `entry` (a refusal too); the bench rows from the
-        restored server if asked."""
-        entry["page_cache_dropped"] = drop_page_cache()
+    def _restored(self, label: str, state: str, dest: Path, key: dict[str, str], port: int,
+                  step: Step, last: bool, entry: dict[str, Any]) -> None:
+        """Restore the checkpoint at `dest` (state checkpoint: the page cache dropped first, as
+        after a reboot; restart: its images left there) and time it to its reference answer, into
+        `entry` (a refusal too); the bench rows from the restored server if asked."""
+        entry["page_cache_dropped"] = drop_page_cache() if state == "checkpoint" else False
         # synthetic acceptance draws which draft tokens stand: the same prompt's answer differs
         entry["reference_compared"] = not (step.acceptance_length or step.acceptance_rates
                                            or step.published_acceptance)
         self._phase("the checkpoint's restore")
         lines: list[tuple[float, str]] = []
-        srv = Restored(self.work / "logs" / f"{label}-checkpoint.log", lines)
+        srv = Restored(self.work / "logs" / f"{label}-{state}.log", lines)
         t = checkpoint.Timings()
         try:
             try:
@@ -369,14 +381,14 @@ class ReadySteps:
             answered = round(sum(phases.values()), 2)
             entry.update({"phases": t.phases, "ready_s": ready, "answered_s": answered,
                           "said": {}})
-            self.results.setdefault("ready_s", {})[f"{label}-checkpoint"] = {
-                "s": ready, "compile_cache": "checkpoint"}
-            print(f"[{label}] checkpoint: ready {ready} s, answered {answered} s ("
+            self.results.setdefault("ready_s", {})[f"{label}-{state}"] = {
+                "s": ready, "compile_cache": state}
+            print(f"[{label}] {state}: ready {ready} s, answered {answered} s ("
                   f"{'the reference answer as before' if entry['reference_compared'] else 'an answer'}"
                   f"); phases {t.phases}", flush=True)
             if step.concurrency and last:
                 self._phase("the bench rows")
-                self._bench(f"{label}-checkpoint", port, self.step_resolved(step).profile.model
+                self._bench(f"{label}-{state}", port, self.step_resolved(step).profile.model
                             .target, step.concurrency, self.step_resolved(step), (),
                             step.sampling)
         finally:

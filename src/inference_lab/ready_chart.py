@@ -11,11 +11,13 @@ from typing import Any
 from inference_image.startup import PHASES
 from inference_image.startup.checkpoint import RESTORE_PHASES
 
+from .proof_plan import READY_STARTS, RESTORED
+
 # the phases in the order a start passes them (a stacked bar's segments, left to right); a
 # restored checkpoint's phases before the first answer both share
 ORDER = (*(p for p in PHASES.values() if p != "first_answer"),
          *(p for p in RESTORE_PHASES if p != "first_answer"), "first_answer")
-STATES = ("cold", "warm", "bundle", "checkpoint")
+STATES = READY_STARTS  # a ledger row's order
 
 
 @dataclass
@@ -42,8 +44,8 @@ def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
     only where its checkpoint was restored."""
     out = []
     for label, rec in (proof.get("ready") or {}).items():
-        if rec.get("sleep_mode") and "answered_s" not in ((rec.get("starts") or {})
-                                                          .get("checkpoint") or {}):
+        restored = [(rec.get("starts") or {}).get(s) or {} for s in RESTORED]
+        if rec.get("sleep_mode") and not any("answered_s" in e for e in restored):
             continue
         for state in rec.get("order", []):
             e = (rec.get("starts") or {}).get(state) or {}

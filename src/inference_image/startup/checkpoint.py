@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -237,8 +238,28 @@ def shm_names(pids: list[int], shm: Path = Path("/dev/shm")) -> list[Path]:
     return sorted(out)
 
 
+def memory(pids: list[int]) -> dict[str, dict[str, Any]]:
+    """What each process holds that CRIU writes (its anonymous and shared-memory pages, MiB; after
+    CUDA's checkpoint its GPU state is among them), by pid, with its command."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in pids:
+        try:
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        kib = {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in status)
+               if k in ("RssAnon", "RssShmem")}
+        out[str(p)] = {"cmd": cmd[:120], **{f"{k.lower()}_mib": round(v / 1024, 1)
+                                            for k, v in kib.items()}}
+    return out
+
+
 def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None) -> None:
-    proc = subprocess.run([criu, *argv, "-v2", "-o", str(log)], text=True, check=False,
+    # -W: CRIU's statistics (stats-dump, stats-restore) go beside its log, out of the images a
+    # manifest lists, so a restore leaves the checkpoint as it was for the next one
+    proc = subprocess.run([criu, *argv, "-v2", "-o", str(log), "-W", str(log.parent)], text=True,
+                          check=False,
                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           stdout=subprocess.PIPE if stdout is None else stdout)
     if proc.returncode:
@@ -246,7 +267,10 @@ def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None) -> N
         with contextlib.suppress(OSError):
             tail = " | ".join(x for x in log.read_text(errors="replace").splitlines()
                               if "Error" in x)[-600:]
-        raise CheckpointRefused(f"criu {argv[0]} exited {proc.returncode}: "
+        taken = re.search(r"Can't fork for (\d+): File exists", tail)
+        why = (f"pid {taken[1]}, which the checkpoint's process had, is another process's now; "
+               if taken else "")
+        raise CheckpointRefused(f"criu {argv[0]} exited {proc.returncode}: {why}"
                                 f"{tail or proc.stderr.strip()[-600:]}")
 
 
@@ -263,6 +287,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
     (tmp / IMAGES).mkdir(parents=True)
     os.chmod(tmp, 0o700)
     gpus: list[int] = []
+    held_memory: dict[str, dict[str, Any]] = {}
     try:
         _post(port, "/sleep?level=1", None, 300)
         t.mark("sleep")
@@ -276,6 +301,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
                 drv.checkpoint(p)
             t.mark("cuda_checkpoint")
             pids = tree(pid)
+            held_memory = memory(pids)
             if held := device_files(pids):
                 raise CheckpointRefused("CRIU cannot write a device file, and CUDA's checkpoint "
                                         "left these open: " + "; ".join(held))
@@ -303,6 +329,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
         files = _files(tmp / IMAGES)
         manifest = {"schema": SCHEMA, "key": key, "pid": pid, "gpu_pids": gpus, "port": port,
                     "model": model, "reference": reference, "stdio": stdio(pid), "files": files,
+                    "memory": held_memory,
                     "bytes": sum(files.values()),
                     "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "phases": t.phases}
@@ -315,10 +342,26 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
     return manifest
 
 
-def kill_tree(pid: int) -> None:
-    for p in reversed(tree(pid)):
+def _alive(pid: int) -> bool:
+    """The pid is a process that has not exited (a zombie is its parent's to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_tree(pid: int, wait_s: float = 60, pids: list[int] | None = None) -> list[int]:
+    """SIGKILL the tree `pid` heads (or `pids`, the tree as it was) and wait, up to `wait_s`, until
+    each has exited: a restore needs every pid its checkpoint's processes had, free once their
+    parent (the caller, for a tree it restored) has reaped them. The pids still running."""
+    pids = tree(pid) if pids is None else pids
+    for p in reversed(pids):
         with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def restore(dest: Path, key: dict[str, str], criu: str, timings: Timings | None = None,
