@@ -228,13 +228,3 @@ def test_a_part_installs_once_a_process_and_again_after_a_failed_try():
     install()
     assert calls == [0, 1]
     assert install.__name__ == "install"
-
-
-def test_the_checkpoint_part_is_turned_on_by_the_name_the_lab_sets() -> None:
-    """The lab's checkpoint starts set the plugin's switch by name (proof_ready.CHECKPOINT_ENV):
-    were the two to drift apart, the lab would measure checkpoints the image does not take."""
-    from inference_image_vllm import switches
-
-    from inference_lab import proof_ready
-
-    assert proof_ready.CHECKPOINT_ENV[switches.CHECKPOINT] == "1"

