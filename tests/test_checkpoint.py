@@ -277,3 +277,13 @@ def test_kill_tree_waits_until_the_tree_has_exited() -> None:
     assert proc.wait(timeout=5) == -9
     assert not any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text()
                    .rpartition(")")[2].split()[0] != "Z" for p in family)
+
+
+def test_a_restore_marks_the_phases_the_ledger_shows_in_their_order() -> None:
+    """The ledger's columns for a restored start are RESTORE_PHASES (ready_chart): restore() must
+    mark exactly those, in that order, or a phase would vanish from the table."""
+    import inspect
+    import re
+
+    marked = re.findall(r't\.mark\("(\w+)"\)', inspect.getsource(checkpoint.restore))
+    assert tuple(marked) == checkpoint.RESTORE_PHASES

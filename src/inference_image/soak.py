@@ -140,7 +140,7 @@ def table(minutes: list[dict[str, Any]]) -> str:
     rows = [head] + [[str(m["minute"]), str(m["ok"]), str(sum(m["failed"].values())),
                       str(m["p50_ms"]), str(m["p90_ms"]), str(m["p99_ms"]),
                       *[str(m["rss_mib"][u]) for u in units]] for m in minutes]
-    return text_table(rows, right=True)
+    return text_table(rows, align="r" * len(head))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,18 +12,13 @@ from tabulate import tabulate
 _tabulate.MIN_PADDING = 0
 
 
-def text_table(rows: Sequence[Sequence[object]], *, rule: bool = False, right: bool = False,
-               indent: str = "", first_left: bool = False, align: str = "") -> str:
+def text_table(rows: Sequence[Sequence[object]], *, rule: bool = False, indent: str = "",
+               align: str = "") -> str:
     """`rows` (the first is the header) as aligned columns; `rule` puts a dashed line under the
-    header, `right` aligns every column right (`first_left`: but the first, a name), `align`
-    column by column ("r" right, "l" left: "rrll"), `indent` starts every line."""
+    header, `align` aligns column by column ("r" right, "l" left: "lrrr"; left where it does not
+    reach), `indent` starts every line."""
     head, body = [str(c) for c in rows[0]], [[str(c) for c in r] for r in rows[1:]]
-    if align:
-        cols = ["right" if a == "r" else "left" for a in align.ljust(len(head), "l")]
-    else:
-        cols = ["right" if right else "left"] * len(head)
-        if first_left and cols:
-            cols[0] = "left"
+    cols = ["right" if a == "r" else "left" for a in align.ljust(len(head), "l")[:len(head)]]
     out = tabulate(body, headers=head, tablefmt="simple" if rule else "plain",
                    disable_numparse=True, colalign=cols)
     return "\n".join(indent + line.rstrip() for line in out.split("\n"))

@@ -172,7 +172,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
             roof[cfg] = {"tok_s": round(c1["output_tok_s"], 1), "roofline_tok_s": round(ceiling, 1),
                          "fraction": round(c1["output_tok_s"] / ceiling, 3)}
     res["roofline_c1"] = roof
-    lines += text_table(rows_out, right=True, first_left=True).split("\n")
+    lines += text_table(rows_out, align="l" + "r" * (len(rows_out[0]) - 1)).split("\n")
     for cfg, rf in roof.items():
         # one decimal: issue 16's 70 % line is crossed by tenths
         lines.append(f"roofline c=1 {cfg}: {rf['tok_s']} of {rf['roofline_tok_s']} tok/s "
