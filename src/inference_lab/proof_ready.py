@@ -222,7 +222,9 @@ class ReadySteps:
         `step.starts` and time each start's phases up to its first answer: `cold` (an empty
         cache), `warm` (the cache the start before left), `bundle` (the cache packed into a
         warm-cache bundle, or `step.bundle`'s, installed into an emptied cache root, as the
-        image's build installs one; the render's inference-run checks it, as on an image)."""
+        image's build installs one; the render's inference-run checks it, as on an image),
+        `checkpoint` and `restart` (the start before them checkpointed once it answered, then
+        restored after a dropped page cache, or with its images still cached)."""
         label = step.name()
         starts = step.starts or DEFAULT_STARTS
         if step.vanilla and step.image_paths:
