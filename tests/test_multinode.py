@@ -52,7 +52,7 @@ def test_a_layout_the_nodes_cannot_serve_is_refused_naming_the_field(overrides: 
 
 
 def test_the_fit_is_checked_per_pipeline_stage() -> None:
-    """70B in bf16 does not fit one H200 (weights alone 131 GiB); over two it does, each node
+    """70B in bf16 does not fit one H200 (its weights alone do not); over two it does, each node
     holding half the layers and their KV cache."""
     bf16 = ["model.quantization=none", "model.speculative.method=none",
             "model.speculative.draft=null", "serving.fp8_gemm_dispatch=false"]
