@@ -30,10 +30,10 @@ ATTENTION_CONTEXTS = (256, 512, 1024, 2048, 3072, 4096, 8192, 16384)
 # the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
 RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start", "ready")
 # the starts a `ready` step times: an empty cache, the cache the last start left, a warm-cache
-# bundle installed into an emptied cache, the start before it restored from a CRIU checkpoint
-# taken once it answered (startup.checkpoint); the default is the first three
-# checkpoint: restored with the page cache dropped first (as after a reboot); restart: with its
-# images left in the page cache (as a crash or `systemctl restart` finds them)
+# bundle installed into an emptied cache, and (RESTORED) the start before it restored from a CRIU
+# checkpoint taken once it answered (startup.checkpoint), with the page cache dropped first (as
+# after a reboot) or its images left there (as a crash or `systemctl restart` finds them); the
+# default is the first three
 READY_STARTS = ("cold", "warm", "bundle", "checkpoint", "restart")
 RESTORED = ("checkpoint", "restart")
 DEFAULT_STARTS = READY_STARTS[:3]
@@ -370,8 +370,7 @@ def vanilla_step(r: Resolved, gpus: int = 0) -> Step:
     layout that model needs). bf16, or `--quantization fp8` (the plain FP8 a user would try first)
     where vLLM with its defaults would not start in bf16 there: it must hold the weights and the
     KV cache of one sequence of the model's whole context (its default --max-model-len) below
-    its memory share. 70B bf16 on two H100s holds the weights (131 of 143 GiB) but not that
-    sequence's 40 GiB of cache."""
+    its memory share. 70B bf16 on two H100s holds the weights but not that sequence's cache."""
     whole = max(1, r.profile.hardware.gpu_count)
     if not 0 <= gpus <= MAX_HOST_GPUS:
         raise ProofError(f"gpus: {gpus} GPUs are not one machine's (1 to {MAX_HOST_GPUS}). Fix: "
