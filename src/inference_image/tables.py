@@ -18,7 +18,7 @@ def text_table(rows: Sequence[Sequence[object]], *, rule: bool = False, indent: 
     header, `align` aligns column by column ("r" right, "l" left: "lrrr"; left where it does not
     reach), `indent` starts every line."""
     head, body = [str(c) for c in rows[0]], [[str(c) for c in r] for r in rows[1:]]
-    cols = ["right" if a == "r" else "left" for a in align.ljust(len(head), "l")[:len(head)]]
+    cols = ["right" if align[i:i + 1] == "r" else "left" for i in range(len(head))]
     out = tabulate(body, headers=head, tablefmt="simple" if rule else "plain",
                    disable_numparse=True, colalign=cols)
     return "\n".join(indent + line.rstrip() for line in out.split("\n"))

@@ -17,7 +17,6 @@ from .proof_plan import READY_STARTS, RESTORED
 # restored checkpoint's phases before the first answer both share
 ORDER = (*(p for p in PHASES.values() if p != "first_answer"),
          *(p for p in RESTORE_PHASES if p != "first_answer"), "first_answer")
-STATES = READY_STARTS  # a ledger row's order
 
 
 @dataclass
@@ -67,7 +66,8 @@ def newest(found: list[Start]) -> list[Start]:
             run = max(s.run for s in group)
             out += sorted((s for s in group if s.run == run),
                           key=lambda s: (not s.vanilla,
-                                         STATES.index(s.state) if s.state in STATES else 9,
+                                         READY_STARTS.index(s.state) if s.state in READY_STARTS
+                                         else 9,
                                          s.machine))
     return out
 

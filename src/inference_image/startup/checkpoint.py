@@ -35,7 +35,7 @@ from typing import Any
 
 from ..bounded_http import fetch
 from .bundle import machine_key, smi_rows
-from .cuda_checkpoint import Driver, gpu_processes, tree
+from .cuda_checkpoint import Driver, gpu_processes, stat_fields, tree
 
 SCHEMA = 1
 MANIFEST = "checkpoint.json"
@@ -258,9 +258,8 @@ def memory(pids: list[int]) -> dict[str, dict[str, Any]]:
 def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None) -> None:
     # -W: CRIU's statistics (stats-dump, stats-restore) go beside its log, out of the images a
     # manifest lists, so a restore leaves the checkpoint as it was for the next one
-    proc = subprocess.run([criu, *argv, "-v2", "-o", str(log), "-W", str(log.parent)], text=True,
-                          check=False,
-                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.run([criu, *argv, "-v2", "-o", str(log), "-W", str(log.parent)],
+                          text=True, check=False, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           stdout=subprocess.PIPE if stdout is None else stdout)
     if proc.returncode:
         tail = ""
@@ -345,7 +344,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
 def _alive(pid: int) -> bool:
     """The pid is a process that has not exited (a zombie is its parent's to reap)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+        return stat_fields(pid)[0] != "Z"
     except (OSError, IndexError):
         return False
 

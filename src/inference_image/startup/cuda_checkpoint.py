@@ -87,6 +87,12 @@ class Driver:
         return True
 
 
+def stat_fields(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """The fields of the process's stat after its command (which may hold anything): its state,
+    its parent's pid, ... OSError where there is no such process."""
+    return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
 def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
     """`root` and every process below it, parents first."""
     children: dict[int, list[int]] = {}
@@ -94,10 +100,9 @@ def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
         if not d.name.isdigit():
             continue
         try:
-            stat = (d / "stat").read_text()
-        except OSError:
+            ppid = int(stat_fields(int(d.name), proc)[1])
+        except (OSError, IndexError, ValueError):
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(d.name))
     out, todo = [], [root]
     while todo:
