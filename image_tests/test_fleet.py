@@ -106,12 +106,10 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
         assert root.run(paths["join"]).stdout == "", "a second run must change nothing"
         root.run_test("systemctl restart vllm-router")
 
-        def argv() -> str:
-            return str(root.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value "
-                                "vllm-router)/cmdline").stdout)
-        # the unit's main process is inference-run's shell until it execs the router
-        assert _eventually(lambda: "--host 0.0.0.0" in argv()), argv()
-        assert "--worker-urls" not in argv(), argv()
+        # where it listens, not its argv: the router retitles itself (setproctitle) once it runs,
+        # so /proc's cmdline says "vllm::router" or the flags depending on when it is read
+        assert _eventually(lambda: _listens_on(root, rt["internal_port"]) == {"0.0.0.0"}), \
+            _listens_on(root, rt["internal_port"])
         # (connection refused until the restarted router listens: _workers_or_none waits for it)
         assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) is not None)
         assert workers(root, rt["internal_port"]) == []
@@ -124,6 +122,7 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
     assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) == want
                        and http(root, rt["internal_port"], "/v1/models", timeout=5).status == 200), \
         "vllm-router did not come back serving the machine's own instances"
+    assert _listens_on(root, rt["internal_port"]) == {"127.0.0.1"}, "the router kept every address"
 
 
 def _timer_off(root: Any) -> None:
@@ -131,6 +130,12 @@ def _timer_off(root: Any) -> None:
     timer run in between (every 15 s once the file exists) would do the join first, and the
     test's own run would find nothing left to do (seen: 2 runs in about 16 of the router test)."""
     root.run_test("systemctl stop inference-join.timer inference-join.service")
+
+
+def _listens_on(root: Any, port: int) -> set[str]:
+    """The addresses a TCP socket listens on at `port` (ss's local address, port cut off)."""
+    out = root.run(f"ss -Hltn 'sport = :{port}'").stdout
+    return {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}
 
 
 def _workers_or_none(root: Any, port: int) -> list[str] | None:

@@ -135,7 +135,11 @@ LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE
           # itself a one-token request this often so that there is one in flight
           "stall_s": 60, "stall_probe_every_s": 30, "stall_poll_s": 5,
           # connections the public port queues: nginx.socket's, and nginx's listen on it
-          "public_backlog": 4096}
+          "public_backlog": 4096,
+          # nginx's client_header_timeout on the public port, which in nginx 1.22 also times the
+          # TLS handshake: a handshake waiting behind a busy CPU is not a slow client
+          # (docs/benchmarks/2026-11-29-faults-tls-handshake.json); nginx's own default
+          "client_header_timeout_s": 60}
 
 
 class RenderError(Exception):
@@ -466,6 +470,7 @@ def profile_document(r: Resolved) -> dict[str, Any]:
                    "metrics_port": p.router.metrics_port, "tls": p.router.tls,
                    "rate_limit_rps": p.router.rate_limit_rps,
                    "rate_limit_burst": p.router.rate_limit_burst,
+                   "connections_per_address": p.router.connections_per_address,
                    "scrape": [t["name"] for t in scrape_targets(r)]},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
@@ -505,6 +510,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "firewall_fleet_tcp_ports": [i.port for i in r.instances],
         "firewall_fleet_router_tcp_port": p.router.internal_port,
         "firewall_fleet_nodes": p.serving.nodes > 1,
+        "firewall_connections_per_address": p.router.connections_per_address,
         "firewall_table": FIREWALL_TABLE,
         "sysprep_machine_files": sysprep_files(),
         "sysprep_supported_releases": list(SUPPORTED_RELEASES),

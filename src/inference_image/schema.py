@@ -365,6 +365,10 @@ class Router(Strict):
         "routes before 429 (0: no limit; clients on the machine's loopback are not limited)")
     rate_limit_burst: int = Field(200, ge=0, le=1_000_000,
                                   description="requests above the rate a client may send at once")
+    connections_per_address: int = Field(
+        512, ge=0, le=1_000_000, description="connections one client address may hold open to each "
+        "public port (the API's, SSH) before the firewall resets its next: what bounds slow "
+        "clients (0: no cap, as behind a load balancer; loopback is not counted)")
     scrape: bool = Field(
         True, description="serve the machine's metrics (each vLLM instance, the router, node "
         "exporter) on the public port under /metrics/<target> to a holder of the scrape token "
