@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu-2node.yaml (profile sha256 bd804e661694d802a3a65a528a7f47afa1b50626bc9f7c305eee40309e0a15da): pass with -var-file.
+# Rendered from profiles/cpu-2node.yaml (profile sha256 1218cd9f58be1ab8bed6c0bef2c2332b51dd6d7e2e6c6da148ffabb39be73934): pass with -var-file.
 tier           = "cpu-2node"
-profile_sha256 = "bd804e661694d802a3a65a528a7f47afa1b50626bc9f7c305eee40309e0a15da"
+profile_sha256 = "1218cd9f58be1ab8bed6c0bef2c2332b51dd6d7e2e6c6da148ffabb39be73934"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/cpu.yaml (profile sha256 e86c44e89c4f2b83fbd94e005aee5f5e2353d2f4221fb3917fc5f7871498a70d): pass with -var-file.
+# Rendered from profiles/cpu.yaml (profile sha256 a6ae680e7205fc6bb0fc813949f794c6f8a152f174fc8076a5ac201d3a9b6930): pass with -var-file.
 tier           = "cpu"
-profile_sha256 = "e86c44e89c4f2b83fbd94e005aee5f5e2353d2f4221fb3917fc5f7871498a70d"
+profile_sha256 = "a6ae680e7205fc6bb0fc813949f794c6f8a152f174fc8076a5ac201d3a9b6930"
 do_size        = "s-4vcpu-16gb-amd"
 do_build_size  = "s-4vcpu-16gb-amd"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/h100.yaml (profile sha256 7e4fae48d0d4132f88484d7fb1f97b122e4de38995ec5289d143e0eae198941f): pass with -var-file.
+# Rendered from profiles/h100.yaml (profile sha256 d83f87ba53cc84b9e20bc42e282efa185cba3bde978f60a7b52cb223033089bc): pass with -var-file.
 tier           = "h100"
-profile_sha256 = "7e4fae48d0d4132f88484d7fb1f97b122e4de38995ec5289d143e0eae198941f"
+profile_sha256 = "d83f87ba53cc84b9e20bc42e282efa185cba3bde978f60a7b52cb223033089bc"
 do_size        = "gpu-h100x1-80gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

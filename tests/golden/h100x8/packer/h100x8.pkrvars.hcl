@@ -1,6 +1,6 @@
-# Rendered from profiles/h100x8.yaml (profile sha256 354f1d3d7800c6af3fac6315a45b84d25fe83b7bbf82c6d203c137fcc9d00719): pass with -var-file.
+# Rendered from profiles/h100x8.yaml (profile sha256 fd09622aec6b2423519f1bada6f65378f33e2dae2dab4f7ec679a3e608d2f2f8): pass with -var-file.
 tier           = "h100x8"
-profile_sha256 = "354f1d3d7800c6af3fac6315a45b84d25fe83b7bbf82c6d203c137fcc9d00719"
+profile_sha256 = "fd09622aec6b2423519f1bada6f65378f33e2dae2dab4f7ec679a3e608d2f2f8"
 do_size        = "gpu-h100x8-640gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

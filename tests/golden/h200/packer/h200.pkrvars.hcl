@@ -1,6 +1,6 @@
-# Rendered from profiles/h200.yaml (profile sha256 3410013158a7a51b1e3e794469f51027396f8082feff167ff77f6bc7cead6144): pass with -var-file.
+# Rendered from profiles/h200.yaml (profile sha256 5f29c3f7ced04c4117d23866203694c66ffcc7d6f0022c34aecc9d7e178fa9c8): pass with -var-file.
 tier           = "h200"
-profile_sha256 = "3410013158a7a51b1e3e794469f51027396f8082feff167ff77f6bc7cead6144"
+profile_sha256 = "5f29c3f7ced04c4117d23866203694c66ffcc7d6f0022c34aecc9d7e178fa9c8"
 do_size        = "gpu-h200x1-141gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

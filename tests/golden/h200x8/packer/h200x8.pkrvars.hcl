@@ -1,6 +1,6 @@
-# Rendered from profiles/h200x8.yaml (profile sha256 f3b6e5f7343b73cbfd75cb5c3a104e078fb1cdf0f1d811a42141624018687ce8): pass with -var-file.
+# Rendered from profiles/h200x8.yaml (profile sha256 8c33ac7b450f4bd6b133d344c44f3379739f17166bb34719ae6b1325c2cccb5a): pass with -var-file.
 tier           = "h200x8"
-profile_sha256 = "f3b6e5f7343b73cbfd75cb5c3a104e078fb1cdf0f1d811a42141624018687ce8"
+profile_sha256 = "8c33ac7b450f4bd6b133d344c44f3379739f17166bb34719ae6b1325c2cccb5a"
 do_size        = "gpu-h200x8-1128gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

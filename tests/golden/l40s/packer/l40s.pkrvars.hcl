@@ -1,6 +1,6 @@
-# Rendered from profiles/l40s.yaml (profile sha256 75bb4457e77df65506359f015828a774bceb6c244eaaeb87ba11fb556efbcb0a): pass with -var-file.
+# Rendered from profiles/l40s.yaml (profile sha256 2c14e1af8ab597cb8061ada1cbe0af3d76160df5449215993f9c86c06dbd428a): pass with -var-file.
 tier           = "l40s"
-profile_sha256 = "75bb4457e77df65506359f015828a774bceb6c244eaaeb87ba11fb556efbcb0a"
+profile_sha256 = "2c14e1af8ab597cb8061ada1cbe0af3d76160df5449215993f9c86c06dbd428a"
 do_size        = "gpu-l40sx1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx4000ada.yaml (profile sha256 02d5437901feb6e2c3e24987838ff1651a328a42e5dfe46c43795c89afa63eeb): pass with -var-file.
+# Rendered from profiles/rtx4000ada.yaml (profile sha256 3f7febd1e0fecf221c9b8368bed9807df3be449af5e44eef2bd8d947f83ab520): pass with -var-file.
 tier           = "rtx4000ada"
-profile_sha256 = "02d5437901feb6e2c3e24987838ff1651a328a42e5dfe46c43795c89afa63eeb"
+profile_sha256 = "3f7febd1e0fecf221c9b8368bed9807df3be449af5e44eef2bd8d947f83ab520"
 do_size        = "gpu-4000adax1-20gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"

@@ -1,6 +1,6 @@
-# Rendered from profiles/rtx6000ada.yaml (profile sha256 2baf40532845b1607a67eb3c219be47f699b93cadd0f3c6974b85e9ecc129d76): pass with -var-file.
+# Rendered from profiles/rtx6000ada.yaml (profile sha256 1993f6215aa5ad43f0689beb11ddf7f08caf7a7290f5114150379318d01b68c1): pass with -var-file.
 tier           = "rtx6000ada"
-profile_sha256 = "2baf40532845b1607a67eb3c219be47f699b93cadd0f3c6974b85e9ecc129d76"
+profile_sha256 = "1993f6215aa5ad43f0689beb11ddf7f08caf7a7290f5114150379318d01b68c1"
 do_size        = "gpu-6000adax1-48gb"
 do_build_size  = "s-4vcpu-8gb"
 do_region      = "tor1"
