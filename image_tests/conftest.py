@@ -289,6 +289,13 @@ def why_not_serving(root: Any, inst: dict[str, Any]) -> str | None:
             f"journalctl -u {unit}]")
 
 
+def listen_addresses(root: Any, port: int) -> set[str]:
+    """The addresses a TCP socket of the machine listens on at `port` (ss's local address, the
+    port cut off); empty when nothing listens there."""
+    out = root.run(f"ss -Hltn 'sport = :{port}'").stdout
+    return {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}
+
+
 def port_open(root: Any, port: int) -> bool:
     """Whether something listens on the machine's loopback port (curl would fail on a refusal)."""
-    return root.run(f"ss -Hltn 'sport = :{port}'").stdout.strip() != ""
+    return bool(listen_addresses(root, port))

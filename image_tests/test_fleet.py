@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import http, own_router_worker_fleet
+from conftest import http, listen_addresses, own_router_worker_fleet
 
 from inference_image.render import FIREWALL_TABLE
 
@@ -108,8 +108,8 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
 
         # where it listens, not its argv: the router retitles itself (setproctitle) once it runs,
         # so /proc's cmdline says "vllm::router" or the flags depending on when it is read
-        assert _eventually(lambda: _listens_on(root, rt["internal_port"]) == {"0.0.0.0"}), \
-            _listens_on(root, rt["internal_port"])
+        assert _eventually(lambda: listen_addresses(root, rt["internal_port"]) == {"0.0.0.0"}), \
+            listen_addresses(root, rt["internal_port"])
         # (connection refused until the restarted router listens: _workers_or_none waits for it)
         assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) is not None)
         assert workers(root, rt["internal_port"]) == []
@@ -122,7 +122,7 @@ def test_a_fleet_router_opens_its_router_port_to_its_private_networks_only(
     assert _eventually(lambda: _workers_or_none(root, rt["internal_port"]) == want
                        and http(root, rt["internal_port"], "/v1/models", timeout=5).status == 200), \
         "vllm-router did not come back serving the machine's own instances"
-    assert _listens_on(root, rt["internal_port"]) == {"127.0.0.1"}, "the router kept every address"
+    assert listen_addresses(root, rt["internal_port"]) == {"127.0.0.1"}, "the router kept every address"
 
 
 def _timer_off(root: Any) -> None:
@@ -130,12 +130,6 @@ def _timer_off(root: Any) -> None:
     timer run in between (every 15 s once the file exists) would do the join first, and the
     test's own run would find nothing left to do (seen: 2 runs in about 16 of the router test)."""
     root.run_test("systemctl stop inference-join.timer inference-join.service")
-
-
-def _listens_on(root: Any, port: int) -> set[str]:
-    """The addresses a TCP socket listens on at `port` (ss's local address, port cut off)."""
-    out = root.run(f"ss -Hltn 'sport = :{port}'").stdout
-    return {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}
 
 
 def _workers_or_none(root: Any, port: int) -> list[str] | None:
