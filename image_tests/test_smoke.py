@@ -213,6 +213,23 @@ def test_every_instance_says_when_it_became_ready_and_where_its_start_went(
         assert f"inference-startup: {inst['name']}: ready after " in r.stdout
 
 
+@pytest.mark.serving
+def test_the_login_banner_says_where_the_api_is_and_that_it_serves(
+        root: Any, profile: dict[str, Any]) -> None:
+    """pam_motd's script prints endpoint.json's address, key path and certificate, and the first
+    instance's state with its time to ready, as a user logging in reads it."""
+    endpoint = json.loads(root.file(profile["paths"]["endpoint"]).content_string)
+    first = profile["instances"][0]["name"]
+    r = root.run("/etc/update-motd.d/90-inference-image")
+    assert r.rc == 0, r.stderr
+    assert f"OpenAI-compatible API at {endpoint['url']}/v1" in r.stdout, r.stdout
+    assert f"API key:  sudo cat {endpoint['api_key']}" in r.stdout, r.stdout
+    took = endpoint["ready"][first]["s"]
+    assert f"{endpoint['model']}, serving (ready {took} s after its start)" in r.stdout, r.stdout
+    if endpoint["tls"] not in ("off", "acme"):
+        assert f"SHA-256 {endpoint['tls_sha256']}" in r.stdout, r.stdout
+
+
 def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
     # Installed on every tier, inert unless a unit sets INFERENCE_IMAGE_FP8_DISPATCH=1.
     py = f"{profile['paths']['vllm_venv']}/bin/python"

@@ -22,6 +22,7 @@ compiles as on a fresh machine. A check never fails a start.
     inference-startup inspect --env E [--args A] [--owner USER]     vLLM's model inspections, cached
     inference-startup ready INSTANCE --endpoint F                   a start's phases, once it serves
     inference-startup status INSTANCE                               what a start is doing now
+    inference-startup motd INSTANCE --endpoint F --tier T ...       the login banner
     inference-startup phases [--since-monotonic S] < LOG            a start's phases (JSON)
     inference-startup fleet-role FILE [--mode M] [--nodes N]        a machine's part in a fleet
 """

@@ -12,6 +12,7 @@ from pathlib import Path
 from . import __doc__ as USAGE
 from . import notify
 from .anatomy import anatomy, journal_lines, ready, status
+from .banner import Machine, motd
 from .bundle import BundleError, check, describe, install, machine_key, make
 from .fleetfile import FleetFileError, role_line
 from .prepare import inspect_models, prefetch, prefetch_roots
@@ -69,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoint", type=Path, required=True)
     p = sub.add_parser("status", help="what a vLLM unit's start is doing now (the login banner)")
     p.add_argument("instance")
+    p = sub.add_parser("motd", help="the login banner: the API's address, key and certificate "
+                       "from endpoint.json, and what the instance is doing (update-motd.d)")
+    p.add_argument("instance")
+    p.add_argument("--endpoint", type=Path, required=True)
+    p.add_argument("--tier", required=True)
+    p.add_argument("--router-port", type=int, required=True, help="the router's loopback port")
+    p.add_argument("--tls-mode-file", required=True, help="where a machine's TLS mode is chosen")
+    p.add_argument("--acme-conf", required=True, help="where an ACME certificate's domain is set")
     p = sub.add_parser("phases", help="a start's phases from `journalctl -o short-monotonic`")
     p.add_argument("--since-monotonic", type=float, default=0.0)
     p.add_argument("--ready-s", type=float)
@@ -135,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(status(args.instance))
             except (OSError, subprocess.SubprocessError):
                 print("starting")
+        elif args.cmd == "motd":
+            print(motd(args.endpoint, Machine(args.tier, args.instance, args.router_port,
+                                              args.tls_mode_file, args.acme_conf)), end="")
         elif args.cmd == "phases":
             lines = journal_lines(sys.stdin.read(), args.since_monotonic)
             print(json.dumps(anatomy(lines, args.ready_s)))
