@@ -888,8 +888,9 @@ def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> Non
 
 # The HTTP side every stand-in server script shares: a JSON reply, no access log.
 STANDIN_HTTP = r'''import http.server, json, os, sys
-if len(sys.argv) > 1 and sys.argv[1].endswith(("/inference-startup", ".py")):
-    # given a script (inference-run's warm-cache check, the lab's key probe), a stand-in is Python
+if len(sys.argv) > 1 and (sys.argv[1].endswith(("/inference-startup", ".py")) or sys.argv[1] == "-c"):
+    # given a script (inference-run's warm-cache check, the lab's key probe, its bytecode
+    # compile), a stand-in is Python
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 class JSONHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -1954,11 +1955,33 @@ def test_ready_times_cold_warm_and_bundle_starts_and_the_bundle_loads_compiled(
         tmp_path / "work" / "ready-cache-ready-x")
 
 
+def test_a_readahead_start_reads_ahead_before_it_and_starts_from_the_bundle(
+        tmp_path: Path) -> None:
+    """`readahead`: the bundle installed again, then inference-startup's read-ahead run to its end
+    before the start (as one begun at boot has): its seconds and its line recorded; every start's
+    log lines kept with the second each arrived."""
+    res = _ready_run(tmp_path, ("cold", "bundle", "readahead"))
+    assert "failed" not in res, res.get("failed")
+    starts = res["ready"]["ready-x"]["starts"]
+    # the packages were compiled to bytecode first, as an image's install compiles them
+    assert res["bytecode"]["s"] >= 0 and res["bytecode"]["dirs"], res["bytecode"]
+    ahead = starts["readahead"]["readahead"]
+    assert ahead["said"].startswith("inference-startup: read ahead ") and ahead["s"] >= 0, ahead
+    assert "readahead" not in starts["bundle"]
+    assert "matches this machine" in starts["readahead"]["said"]["warm_cache"]
+    assert starts["readahead"]["said"]["loaded_compiled"] == 1
+    for state in ("cold", "bundle", "readahead"):
+        times = json.loads((tmp_path / "work" / "logs" / f"ready-x-{state}.times.json")
+                           .read_text())
+        assert times and all(isinstance(t, float) and isinstance(x, str) for t, x in times)
+        assert [t for t, _ in times] == sorted(t for t, _ in times)
+
+
 def test_ready_options_belong_to_ready_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["proof", "step", "profile", "--starts", "cold"]) == 2
     assert "ready steps only" in capsys.readouterr().err
     assert proof.step_problem(proof.Step("ready", starts=("hot",))) == \
-        "starts: 'hot' is not one of cold, warm, bundle, checkpoint, restart"
+        "starts: 'hot' is not one of cold, warm, bundle, readahead, checkpoint, restart"
     # a checkpoint is taken from the start before it, of the render
     for starts, vanilla in ((("checkpoint", "cold"), False), (("cold", "checkpoint"), True),
                             (("restart", "cold"), False), (("cold", "restart"), True)):

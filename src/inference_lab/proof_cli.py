@@ -379,7 +379,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"bench scenario, repeatable (default chat): {', '.join(bench.SCENARIOS)}; "
                    "NAME:C1,C2 runs it at its own concurrencies instead of --step-concurrency's")
     p.add_argument("--starts", type=_starts, metavar=",".join(READY_STARTS),
-                   help="ready: the starts to time, in order (default cold,warm,bundle); "
+                   help="ready: the starts to time, in order (default cold,warm,bundle); readahead "
+                   "starts from the bundle after reading ahead what a start reads; "
                    "checkpoint restores the start before it from a CRIU checkpoint taken once "
                    "it answered, the page cache dropped first (root, CRIU: $PROOF_CRIU or on "
                    "PATH); restart restores it with the images left in the page cache")

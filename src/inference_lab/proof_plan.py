@@ -30,11 +30,12 @@ ATTENTION_CONTEXTS = (256, 512, 1024, 2048, 3072, 4096, 8192, 16384)
 # the steps that serve the tier's render, and so read the plugin's FP8 table (Step.fp8_table)
 RENDERED = ("profile", "layout", "served", "trace", "stacks", "cannot_start", "ready")
 # the starts a `ready` step times: an empty cache, the cache the last start left, a warm-cache
-# bundle installed into an emptied cache, and (RESTORED) the start before it restored from a CRIU
-# checkpoint taken once it answered (startup.checkpoint), with the page cache dropped first (as
-# after a reboot) or its images left there (as a crash or `systemctl restart` finds them); the
-# default is the first three
-READY_STARTS = ("cold", "warm", "bundle", "checkpoint", "restart")
+# bundle installed into an emptied cache, that bundle again with what a start reads read into the
+# dropped page cache before the start (as a read-ahead at boot leaves it: `readahead`), and
+# (RESTORED) the start before it restored from a CRIU checkpoint taken once it answered
+# (startup.checkpoint), with the page cache dropped first (as after a reboot) or its images left
+# there (as a crash or `systemctl restart` finds them); the default is the first three
+READY_STARTS = ("cold", "warm", "bundle", "readahead", "checkpoint", "restart")
 RESTORED = ("checkpoint", "restart")
 DEFAULT_STARTS = READY_STARTS[:3]
 # The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();

@@ -39,6 +39,8 @@ from .proof_plan import DEFAULT_STARTS, RESTORED, STANDIN, ProofError, Step, van
 from .proof_probes import completion_json
 
 BUNDLE_NAME = "warm-cache.tar.gz"
+# the starts from the warm-cache bundle: as it is, and after a read-ahead (proof_plan.READY_STARTS)
+BUNDLED = ("bundle", "readahead")
 FIRST_ANSWER_TOKENS = 16
 IMPORT_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -183,6 +185,32 @@ def image_layout(python: str, site_dirs: list[Path], venv: Path) -> str:
     return str(py)
 
 
+# what compile_bytecode runs with the machine's Python: every folder on its sys.path (PROOF_SITE's
+# packages and the machine's own) compiled to bytecode, as pip does at an image's install; the
+# folders it compiled
+COMPILE_ALL = """
+import compileall, os, sys
+dirs = [p for p in dict.fromkeys(sys.path[1:]) if os.path.isdir(p)]
+for d in dirs:
+    compileall.compile_dir(d, quiet=2, workers=0)
+print("\\n".join(dirs))
+"""
+
+
+def compile_bytecode(python: str, site: str) -> dict[str, Any]:
+    """Compile every package the servers import to bytecode, as an image's pip install does: a
+    machine whose packages have none and that writes none (PYTHONDONTWRITEBYTECODE) compiles
+    each module from source at every start (docs/benchmarks.md#run-64). Its seconds and
+    folders."""
+    t0 = time.monotonic()
+    proc = subprocess.run([python, "-c", COMPILE_ALL], capture_output=True, text=True,
+                          check=False, timeout=900,
+                          env={**os.environ, "PYTHONPATH": site})
+    if proc.returncode:
+        raise ProofError(f"compiling the packages to bytecode: {proc.stderr.strip()[-300:]}")
+    return {"s": round(time.monotonic() - t0, 1), "dirs": proc.stdout.split()}
+
+
 def link_model(stand_in: Path, name: str) -> str:
     """The stand-in at the image's path of model `name` (a link), that path."""
     dest = Path(model_path(name))
@@ -233,6 +261,10 @@ class ReadySteps:
         if step.bundle and not Path(step.bundle).is_file():
             raise ProofError(f"{label}: bundle {step.bundle}: not a file")
         argv, env, port, model, python, root, profile_json = self._ready_server(step)
+        if not self.results.get("bytecode"):
+            self._phase("compiling the packages to bytecode, as an image's install does")
+            self.results["bytecode"] = compile_bytecode(
+                self.python, os.environ.get("PROOF_SITE", "/tmp/site"))
         restores = bool(set(RESTORED) & set(starts))
         if restores:
             env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
@@ -259,7 +291,7 @@ class ReadySteps:
                 continue
             if state == "cold":
                 self._wipe(root)
-            elif state == "bundle":
+            elif state in BUNDLED:
                 if bundle is None:
                     bundle = self._pack(label, root, python, profile_json, record, env)
                 self._wipe(root)
@@ -272,15 +304,17 @@ class ReadySteps:
             home.mkdir(parents=True)
             senv = {**env, "HOME": str(home)}
             entry: dict[str, Any] = {}
-            if state in ("cold", "bundle") and profile_json is not None:
+            if state in ("cold", *BUNDLED) and profile_json is not None:
                 # what the image's build leaves under the cache root (the role's inspect task):
                 # vLLM's inspections (a bundle carries them too) and the record of what a start
                 # reads (the page-cache prefetch's list)
                 entry["inspected"] = self._inspect(profile_json.parent / "units", argv[-1],
                                                    {**(image_environ() if step.image_paths
                                                        else os.environ), **env})
-            if state in ("cold", "bundle"):
+            if state in ("cold", *BUNDLED):
                 entry["page_cache_dropped"] = drop_page_cache()
+            if state == "readahead":
+                entry["readahead"] = self._read_ahead(env)
             runs[state] = entry
             since = time.time()
             self._phase(f"the {state} start")
@@ -297,7 +331,7 @@ class ReadySteps:
                     "s": ready, "compile_cache": state}
                 print(f"[{label}] {state}: ready {ready} s, answered {answered:.1f} s; phases "
                       f"{entry['phases']}; {entry['said'].get('warm_cache', '')}", flush=True)
-                if state == "bundle" and not step.vanilla and "matches" not in \
+                if state in BUNDLED and not step.vanilla and "matches" not in \
                         entry["said"].get("warm_cache", ""):
                     raise ProofError(f"{label}: the bundle start did not use the bundle: "
                                      f"{entry['said'].get('warm_cache', 'no check line')}")
@@ -315,6 +349,10 @@ class ReadySteps:
             finally:
                 self._phase("stopping the server")
                 srv.stop()
+                # each log line with the second it arrived after the process start: where a
+                # phase's time goes, finer than vLLM's own one-second stamps
+                (self.work / "logs" / f"{label}-{state}.times.json").write_text(
+                    json.dumps([[round(t, 3), line] for t, line in lines]))
                 entry["cache_mib"] = {p: _size_mib(root / p) for p in startup.CACHE_PARTS
                                       if (root / p).exists()}
                 if state == "cold":
@@ -324,7 +362,7 @@ class ReadySteps:
                                 if not (self.work.is_relative_to("/tmp") and
                                         k == self.work.relative_to("/tmp").parts[0])}}
                 self.save()
-        if not step.vanilla and "bundle" not in starts and not step.bundle:
+        if not step.vanilla and not set(BUNDLED) & set(starts) and not step.bundle:
             # what a build on this GPU would ship: the cache the starts left
             self._pack(label, root, python, profile_json, record, env)
             self.save()
@@ -434,6 +472,21 @@ class ReadySteps:
             env["PYTHONPATH"] = str(STANDIN)
         return ([str(rdir / "usr/local/bin/inference-run"), inst.name], env, inst.port,
                 r.profile.model.target, python, root, rdir / "etc/inference-image/profile.json")
+
+    def _read_ahead(self, env: dict[str, str]) -> dict[str, Any]:
+        """`inference-startup prefetch` with the server's environment, run to its end before
+        the start, as a read-ahead begun at boot has run by the time an instance starts: its
+        seconds and its line."""
+        self._phase("reading ahead what a start reads")
+        t0 = time.monotonic()
+        proc = subprocess.run([self.python, str(startup.LAUNCHER), "prefetch"],
+                              env={**os.environ, **env}, capture_output=True, text=True,
+                              check=False, timeout=600)
+        line = ((proc.stdout or proc.stderr).strip().splitlines() or ["no output"])[-1]
+        print(f"[readahead] {line}", flush=True)
+        if proc.returncode:
+            raise ProofError(f"the read-ahead failed: {line}")
+        return {"s": round(time.monotonic() - t0, 2), "said": line}
 
     def _inspect(self, units: Path, instance: str, env: dict[str, str]) -> str:
         """`inference-startup inspect` of the instance, as the image's build runs it: its line."""
