@@ -174,6 +174,18 @@ def test_the_build_inspected_the_models_so_no_start_does(root: Any, profile: dic
     assert not foreign, f"not the instances' user's: {foreign}"
 
 
+def test_what_a_start_imports_has_its_bytecode(root: Any, profile: dict[str, Any]) -> None:
+    """pip writes each module's bytecode when the build installs vLLM: the build's record of what
+    a start reads names the cached bytecode of every module in the vLLM venv, never a bare source
+    a start would compile again each time (docs/benchmarks.md#run-64)."""
+    doc = json.loads(root.file(f"{profile['paths']['cache']}/start-reads.json").content_string)
+    venv = profile["paths"]["vllm_venv"].rstrip("/") + "/"
+    ours = [p for p in doc["modules"] if p.startswith(venv)]
+    assert any(p.endswith(".pyc") for p in ours), "no bytecode recorded under the vLLM venv"
+    bare = [p for p in ours if p.endswith(".py")]
+    assert not bare, f"{len(bare)} of {len(ours)} modules without bytecode, e.g. {bare[:5]}"
+
+
 @pytest.mark.serving
 def test_every_start_checked_the_warm_cache_and_said_what_it_found(
         root: Any, profile: dict[str, Any]) -> None:
