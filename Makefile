@@ -132,8 +132,10 @@ PACKER_ONLY_digitalocean := inference-image.digitalocean.droplet
 PACKER_ONLY_qemu := inference-image.qemu.local
 
 ##@ Build and use an image
+# BAKE_ON_GPU=1: bake on the droplet size the tier serves on (not digitalocean.build_size): the
+# build serves once, which compiles on the tier's GPU, and seals that cache for the image's starts
 image-inputs: setup ## render GPU=<tier> and make the build's SSH key and cloud-init seed
-	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)
+	$(BIN)/inference-image render --profile $(GPU) --out build/$(GPU)$(if $(BAKE_ON_GPU), --set digitalocean.build_size=null)
 	scripts/make-seed $(IMAGE_OUT)/id_ed25519 $(IMAGE_OUT)/seed build-$(GPU)
 
 # $(call packer_vars,TIER,BUILDER,OUTPUT_DIR,INPUTS_DIR): one list for build and validate. A qemu
@@ -147,8 +149,9 @@ PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURD
 # machine of the tier's GPU) the image's instances start from; each start checks its key
 # e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
-image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, or a WARM_CACHE that is no bundle
+image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, BAKE_ON_GPU without it, or a WARM_CACHE that is no bundle
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
+	@if [ -n "$(BAKE_ON_GPU)" ] && [ "$(BUILDER)" != digitalocean ]; then echo "make image: BAKE_ON_GPU=1 bakes on the tier's own GPU droplet; BUILDER=$(BUILDER) has no GPU. Use BUILDER=digitalocean, or give a bundle made on the tier's GPU with WARM_CACHE=FILE" >&2; exit 1; fi
 	@if [ -n "$(WARM_CACHE)" ]; then $(PYTHON) src/inference_image/startup/launch.py show "$(WARM_CACHE)" || exit 1; fi
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 

@@ -435,6 +435,15 @@ def test_starting_the_stack_while_baking_is_decided_once(tier):
     assert ansible_vars(r)["inference_service_start"] is want
     defaults = (ROOT / "roles/inference_service/defaults/main.yml").read_text()
     assert "\ninference_service_start:" not in defaults
+    if tier != "cpu":
+        # `make image BAKE_ON_GPU=1`: baked on the droplet size it serves on, the build serves
+        # (and seals what it compiled); naming that size as build_size is the same choice
+        size = r.profile.digitalocean.size
+        for override in ("digitalocean.build_size=null", f"digitalocean.build_size={size}"):
+            on_gpu = resolve(tier, overrides=[override])
+            assert serve_during_build(on_gpu), override
+            pkr = files(on_gpu)[f"packer/{tier}.pkrvars.hcl"][0]
+            assert f'do_build_size  = "{size}"' in pkr.splitlines(), pkr
 
 
 SLOW_SERVER = """import http.server, sys, time

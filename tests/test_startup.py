@@ -182,6 +182,76 @@ def test_show_names_what_a_bundle_is_for_and_refuses_what_a_build_cannot_pass_on
             startup.describe(bad)
 
 
+def test_a_cache_warmed_by_the_build_is_sealed_in_place_and_checked_as_a_bundle(
+        tmp_path: Path) -> None:
+    """A build that served on the tier's own GPU seals what it compiled: each new machine's start
+    keeps it where the key is that machine's and compiles afresh where it is not."""
+    cache = a_cache(tmp_path / "cache")
+    (cache / startup.REJECTED).write_text('{"why": "a bundle of before"}')
+    # the command the build runs, keyed for this machine (no GPU here: "none")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "seal", "--cache", str(cache)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc
+    assert "sealed 4 files" in proc.stdout and not (cache / startup.REJECTED).exists()
+    here = startup.machine_key(cache)
+    m = json.loads((cache / startup.MANIFEST).read_text())
+    assert m["key"] == here and "tmp/scratch" not in m["files"]  # not a cache part
+    state, line = startup.check(cache, here)
+    assert state == "bundle" and "matches this machine" in line, line
+    # a second seal (a build run again) keeps the manifest the first wrote
+    assert startup.seal(cache, key()).get("already") is True
+    # the snapshot started on another GPU: the sealed cache goes, the start compiles
+    state, line = startup.check(cache, {**here, "gpu": "NVIDIA H100 80GB HBM3"})
+    assert state == "stale" and "gpu is 'NVIDIA H100 80GB HBM3' here" in line
+    # nothing compiled (a build that did not serve): nothing sealed, one clear error
+    with pytest.raises(startup.BundleError, match="no compiled state"):
+        startup.seal(cache, key())
+    assert not (cache / startup.MANIFEST).exists()
+    with pytest.raises(startup.BundleError, match="no cache here"):
+        startup.seal(tmp_path / "none", key())
+
+
+def test_the_runner_seals_with_the_key_its_units_start_checks(tmp_path: Path) -> None:
+    """`inference-run --seal UNIT` (the build's task) reads the unit's environment as its start
+    does: the key it seals with is the one that start's check computes."""
+    import os
+
+    from inference_image.render import render
+
+    r = tmp_path / "render"
+    render(resolve("h100"), r)
+    cache = a_cache(tmp_path / "cache")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    env = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(r), "INFERENCE_PYTHON": sys.executable,
+           "INFERENCE_CACHE": str(cache), "MODEL_PATH": str(model)}
+    run = subprocess.run(["bash", str(r / "usr/local/bin/inference-run"), "--seal", "vllm-0"],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0 and "sealed 4 files" in run.stdout, run
+    sealed = json.loads((cache / startup.MANIFEST).read_text())["key"]
+    assert sealed["model_config"] == startup.bundle.config_digest(str(model))
+    assert sealed["profile_sha256"] != "none" and sealed["draft_config"] != "none"  # the unit's
+    check = subprocess.run([sys.executable, str(r / "usr/local/sbin/inference-startup"), "check",
+                            "--cache", str(cache), "--profile-json",
+                            str(r / "etc/inference-image/profile.json")],
+                           env={**env, "DRAFT_PATH": "/var/lib/inference-image/models/"
+                                "llama-3.1-8b-eagle3"},
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert "matches this machine" in check.stdout, check
+
+
+def test_an_installed_bundle_keeps_its_own_manifest_when_the_build_seals(tmp_path: Path) -> None:
+    bundle = tmp_path / "b.tar.gz"
+    made = startup.make(a_cache(tmp_path / "made"), bundle, key(gpu="given"))
+    cache = tmp_path / "cache"
+    startup.install(bundle, cache)
+    (cache / "vllm" / "more-after-serving").write_text("x")
+    sealed = startup.seal(cache, key())
+    assert sealed.get("already") and sealed["key"] == made["key"]
+    assert json.loads((cache / startup.MANIFEST).read_text())["key"]["gpu"] == "given"
+
+
 def test_an_empty_cache_is_no_bundle(tmp_path: Path) -> None:
     (tmp_path / "vllm").mkdir()
     with pytest.raises(startup.BundleError, match="no compiled state"):

@@ -532,7 +532,8 @@ def serve_during_build(r: Resolved) -> bool:
     machine (`digitalocean.build_size`) has no GPU to start it on. The one place this is decided:
     the render's Packer variables and its Ansible variables both carry it, and a Packer var file
     may override it (packer/qemu.pkrvars.hcl: the local qemu build has no GPU either)."""
-    return not r.profile.digitalocean.build_size and r.profile.serving.nodes == 1
+    do = r.profile.digitalocean
+    return do.build_size in (None, do.size) and r.profile.serving.nodes == 1
 
 
 def _jinja() -> jinja2.Environment:

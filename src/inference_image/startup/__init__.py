@@ -17,6 +17,7 @@ compiles as on a fresh machine. A check never fails a start.
     inference-startup make --cache DIR --out B.tar.gz [--profile-json F]
     inference-startup show B.tar.gz                                 what a bundle is for
     inference-startup install B.tar.gz --cache DIR [--owner USER]
+    inference-startup seal --cache DIR [--profile-json F] [--owner U]  a build's warm cache, keyed here
     inference-startup check --cache DIR [--profile-json F]          one line; exit 0 whatever it finds
     inference-startup prefetch                                      what a start reads, into the page cache
     inference-startup inspect --env E [--args A] [--owner USER]     vLLM's model inspections, cached
@@ -56,6 +57,7 @@ from .bundle import (
     key_differences,
     machine_key,
     make,
+    seal,
     vllm_site,
 )
 from .prepare import (
@@ -104,6 +106,7 @@ __all__ = [
     "ready",
     "ready_report",
     "record_ready",
+    "seal",
     "status",
     "unit_environ",
     "vllm_site",

@@ -189,9 +189,8 @@ def _files(cache: Path) -> Iterator[Path]:
                     yield p
 
 
-def make(cache: Path, out: Path, key: dict[str, str]) -> dict[str, Any]:
-    """Pack the cache's parts into `out` (tar.gz, the manifest first); the manifest is returned.
-    Nothing is left at `out` if packing fails."""
+def _manifest(cache: Path, key: dict[str, str]) -> dict[str, Any]:
+    """The manifest of the cache's parts as they stand: each file's size and digest."""
     files: dict[str, list[Any]] = {}
     total = 0
     for p in _files(cache):
@@ -202,8 +201,15 @@ def make(cache: Path, out: Path, key: dict[str, str]) -> dict[str, Any]:
     if not files:
         raise BundleError(f"{cache}: no compiled state under {', '.join(CACHE_PARTS)}: serve "
                           "the render once with this cache before packing it")
-    manifest = {"schema": SCHEMA, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "key": key, "bytes": total, "files": files}
+    return {"schema": SCHEMA, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "key": key, "bytes": total, "files": files}
+
+
+def make(cache: Path, out: Path, key: dict[str, str]) -> dict[str, Any]:
+    """Pack the cache's parts into `out` (tar.gz, the manifest first); the manifest is returned.
+    Nothing is left at `out` if packing fails."""
+    manifest = _manifest(cache, key)
+    files = manifest["files"]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
@@ -397,6 +403,28 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
                     _chown_tree(p, ids)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    return manifest
+
+
+def seal(cache: Path, key: dict[str, str], owner: str | None = None) -> dict[str, Any]:
+    """What a build that served on the tier's own GPU compiled, made a bundle in place: a manifest
+    over the cache as it stands, keyed for this machine, so that each new machine's start checks
+    it as it checks an installed bundle (and compiles afresh where it is not that machine). A
+    bundle installed already keeps its own manifest (`already`); a cache with no compiled state
+    raises BundleError."""
+    ids = _owner_ids(owner)
+    if not cache.is_dir():
+        raise BundleError(f"{cache}: no cache here")
+    with _locked(cache):
+        with contextlib.suppress(OSError, ValueError, BundleError):
+            have = _checked_manifest(json.loads((cache / MANIFEST).read_text()), str(cache))
+            return {**have, "already": True}
+        manifest = _manifest(cache, key)
+        _write_json(cache / MANIFEST, {**manifest, "sealed": manifest["made"]})
+        (cache / REJECTED).unlink(missing_ok=True)
+        if ids:  # the instances' own check rewrites the manifest and takes the lock
+            for name in (MANIFEST, LOCK):
+                os.chown(cache / name, *ids)
     return manifest
 
 

@@ -13,7 +13,7 @@ from . import __doc__ as USAGE
 from . import notify
 from .anatomy import anatomy, journal_lines, ready, status
 from .banner import Machine, motd
-from .bundle import BundleError, check, describe, install, machine_key, make
+from .bundle import BundleError, check, describe, install, machine_key, make, seal
 from .fleetfile import FleetFileError, role_line
 from .prepare import inspect_models, prefetch, prefetch_roots
 
@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("install", help="unpack a bundle into the cache")
     p.add_argument("bundle", type=Path)
     p.add_argument("--cache", required=True, type=Path)
+    p.add_argument("--owner", help="the user the instances run as")
+    p = sub.add_parser("seal", help="make the cache as it stands a bundle installed in place, "
+                       "keyed for this machine (a build that served on the tier's own GPU)")
+    _key_args(p)
     p.add_argument("--owner", help="the user the instances run as")
     p = sub.add_parser("check", help="keep a bundle that is this machine's, remove one that "
                        "is not (one line; exit 0 whatever it finds)")
@@ -96,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                 done += f" (a start here did not use it: {m['rejected']})"
             print(f"inference-startup: {done}: {len(m['files'])} files in {args.cache} "
                   f"(made {m.get('made', '?')} for {m['key'].get('gpu', '?')})")
+        elif args.cmd == "seal":
+            m = seal(args.cache, machine_key(args.cache, args.profile_json), args.owner)
+            print(f"inference-startup: {args.cache}: " + (
+                f"a bundle made {m.get('made', '?')} is installed already; kept"
+                if m.get("already") else
+                f"sealed {len(m['files'])} files, {m['bytes'] / 2**20:.0f} MiB of cache, for "
+                f"{m['key'].get('gpu', '?')}"))
         elif args.cmd == "show":
             print(f"inference-startup: {describe(args.bundle)}")
         elif args.cmd == "check":
