@@ -149,14 +149,14 @@ PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURD
 # machine of the tier's GPU) the image's instances start from; each start checks its key
 # e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
-image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, BAKE_ON_GPU without it, or a WARM_CACHE that is no bundle
+image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, BAKE_ON_GPU=1 with BUILDER=qemu, or a WARM_CACHE that is no bundle
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
 	@if [ -n "$(BAKE_ON_GPU)" ] && [ "$(BUILDER)" != digitalocean ]; then echo "make image: BAKE_ON_GPU=1 bakes on the tier's own GPU droplet; BUILDER=$(BUILDER) has no GPU. Use BUILDER=digitalocean, or give a bundle made on the tier's GPU with WARM_CACHE=FILE" >&2; exit 1; fi
 	@if [ -n "$(WARM_CACHE)" ]; then $(PYTHON) src/inference_image/startup/launch.py show "$(WARM_CACHE)" || exit 1; fi
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 
 # A local build does not serve while baking (packer/qemu.pkrvars.hcl says why).
-image: image-guard image-inputs ## build GPU=<tier> BUILDER=digitalocean (snapshot; needs DIGITALOCEAN_TOKEN) or BUILDER=qemu (local qcow2)
+image: image-guard image-inputs ## build GPU=<tier> BUILDER=digitalocean (snapshot; needs DIGITALOCEAN_TOKEN) or BUILDER=qemu (local qcow2); BAKE_ON_GPU=1 bakes on the GPU droplet itself
 ifeq ($(BUILDER),digitalocean)
 	PATH=$(CURDIR)/$(BIN):$$PATH packer build -only=$(PACKER_ONLY_digitalocean) $(PACKER_VARS) packer/
 else
