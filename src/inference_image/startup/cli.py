@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"a bundle made {m.get('made', '?')} is installed already; kept"
                 if m.get("already") else
                 f"sealed {len(m['files'])} files, {m['bytes'] / 2**20:.0f} MiB of cache, for "
-                f"{m['key'].get('gpu', '?')}"))
+                + (f"{gpu} machines" if (gpu := m['key'].get('gpu', 'none')) != "none"
+                   else "machines without a GPU")))
         elif args.cmd == "show":
             print(f"inference-startup: {describe(args.bundle)}")
         elif args.cmd == "check":
