@@ -207,6 +207,12 @@ def test_a_cache_warmed_by_the_build_is_sealed_in_place_and_checked_as_a_bundle(
     with pytest.raises(startup.BundleError, match="no compiled state"):
         startup.seal(cache, key())
     assert not (cache / startup.MANIFEST).exists()
+    # the build's command says so in one line and goes on (a start run eager compiles nothing)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "seal", "--cache", str(cache)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc
+    assert "no compiled state" in proc.stdout and "nothing sealed" in proc.stdout
+    assert not (cache / startup.MANIFEST).exists()
     with pytest.raises(startup.BundleError, match="no cache here"):
         startup.seal(tmp_path / "none", key())
 

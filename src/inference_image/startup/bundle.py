@@ -43,6 +43,10 @@ class BundleError(Exception):
     """What is wrong with a bundle or a cache, in one line."""
 
 
+class NothingCompiled(BundleError):
+    """The cache holds no compiled state: nothing to pack or seal."""
+
+
 # ---- the key --------------------------------------------------------------------------------
 
 def _dist_version(site: Path | None, *names: str) -> str:
@@ -199,7 +203,7 @@ def _manifest(cache: Path, key: dict[str, str]) -> dict[str, Any]:
         files[rel] = [size, _digest(p)]
         total += size
     if not files:
-        raise BundleError(f"{cache}: no compiled state under {', '.join(CACHE_PARTS)}: serve "
+        raise NothingCompiled(f"{cache}: no compiled state under {', '.join(CACHE_PARTS)}: serve "
                           "the render once with this cache before packing it")
     return {"schema": SCHEMA, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key": key, "bytes": total, "files": files}
@@ -411,7 +415,7 @@ def seal(cache: Path, key: dict[str, str], owner: str | None = None) -> dict[str
     over the cache as it stands, keyed for this machine, so that each new machine's start checks
     it as it checks an installed bundle (and compiles afresh where it is not that machine). A
     bundle installed already keeps its own manifest (`already`); a cache with no compiled state
-    raises BundleError."""
+    raises NothingCompiled."""
     ids = _owner_ids(owner)
     if not cache.is_dir():
         raise BundleError(f"{cache}: no cache here")

@@ -13,7 +13,7 @@ from . import __doc__ as USAGE
 from . import notify
 from .anatomy import anatomy, journal_lines, ready, status
 from .banner import Machine, motd
-from .bundle import BundleError, check, describe, install, machine_key, make, seal
+from .bundle import BundleError, NothingCompiled, check, describe, install, machine_key, make, seal
 from .fleetfile import FleetFileError, role_line
 from .prepare import inspect_models, prefetch, prefetch_roots
 
@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inference-startup: {done}: {len(m['files'])} files in {args.cache} "
                   f"(made {m.get('made', '?')} for {m['key'].get('gpu', '?')})")
         elif args.cmd == "seal":
-            m = seal(args.cache, machine_key(args.cache, args.profile_json), args.owner)
+            try:
+                m = seal(args.cache, machine_key(args.cache, args.profile_json), args.owner)
+            except NothingCompiled as exc:  # a start run eager: the image starts as before
+                print(f"inference-startup: {exc}; nothing sealed")
+                return 0
             print(f"inference-startup: {args.cache}: " + (
                 f"a bundle made {m.get('made', '?')} is installed already; kept"
                 if m.get("already") else
