@@ -137,6 +137,10 @@ def test_vllm_log_shows_fa3_and_fp8(root: Any, profile: dict[str, Any], hw: dict
     if serving.get("cudagraph_mode") == "full_and_decode":
         assert lines.LOG_DECODE_GRAPHS in log, \
             "serving.cudagraph_mode is full_and_decode but the plugin did not install its graphs"
+    if serving.get("parallel_compile") and "saved AOT compiled function" in log:
+        # this boot compiled (no warm cache matched), so Inductor's kernels were built on the pool
+        assert line_pattern(lines.LOG_COMPILE_POOL).search(log), \
+            "serving.parallel_compile is set but this boot compiled without the plugin's pool"
     # the render decides this part from the draft's heads, so the suite reads the unit's switch
     env = root.run(f"cat {profile['paths']['units']}/{name}.env").stdout
     if "INFERENCE_IMAGE_DRAFT_SCHEDULE=1" in env.splitlines():

@@ -139,3 +139,27 @@ def test_a_draft_of_other_heads_has_the_plugins_schedule_where_the_render_turned
     with pytest.raises(AssertionError, match="did not install its schedule"):
         check(h200, switch)
     check(h200, "INFERENCE_UNIT=vllm-0\n")  # switch off (the h100's 8B head): no line asked for
+
+
+def test_a_boot_that_compiled_built_inductors_kernels_on_the_pool_where_the_profile_says_so() -> None:
+    """serving.parallel_compile: a boot that compiled (vLLM saved an AOT-compiled function) must
+    have logged the plugin's pool; a boot that loaded its compiled model from a warm cache starts
+    none (docs/benchmarks.md#run-66's logs)."""
+    compiled = ("(EngineCore pid=1803) INFO 12-01 19:05:11 [decorators.py:708] saved AOT compiled "
+                "function to /var/cache/inference-image/vllm/torch_compile_cache/torch_aot_compile"
+                "/c7/rank_0_0/model\n")
+    pool = ("(EngineCore pid=1803) INFO 12-01 19:04:38 [compile_pool.py:59] inference-image: "
+            "Inductor compiles this start's kernels on 16 worker processes until the model is "
+            "warmed up\n")
+    profile = {**H100, "profile": {**H100["profile"], "serving": {
+        **H100["profile"]["serving"], "parallel_compile": True}}}
+
+    def check(log: str, prof: dict[str, Any] = profile) -> None:
+        gpu_suite.test_vllm_log_shows_fa3_and_fp8(Host(log), prof,
+                                                  {"gpu_model": "NVIDIA H100 80GB HBM3"})
+
+    check(H100_LOG + pool + compiled)
+    check(H100_LOG)  # loaded from the warm cache: no compile, no pool
+    with pytest.raises(AssertionError, match="compiled without the plugin's pool"):
+        check(H100_LOG + compiled)
+    check(H100_LOG + compiled, H100)  # the setting off: no pool asked for

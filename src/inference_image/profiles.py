@@ -150,10 +150,12 @@ DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.page_cache_prefetch": False,
                                      "serving.cudagraph_prefill_step": None,
                                      "router.scrape": True}
-# Fields of what the image holds beside the serving stack (GPU telemetry, the firewall), which
-# serves the same whatever their value: never in the digest, so neither the ledger's records nor a
-# warm-cache bundle's key depend on them.
-DIGEST_OMITS = frozenset({"versions.dcgm", "router.connections_per_address"})
+# Fields of what the image holds beside the serving stack (GPU telemetry, the firewall) or of how
+# a start builds what it serves (the same kernels, compiled in parallel), which serve the same
+# whatever their value: never in the digest, so neither the ledger's records nor a warm-cache
+# bundle's key depend on them.
+DIGEST_OMITS = frozenset({"versions.dcgm", "router.connections_per_address",
+                          "serving.parallel_compile"})
 
 
 def _cc(cc: str | None) -> tuple[int, int]:

@@ -338,6 +338,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
                 env["INFERENCE_IMAGE_TRITON_DECODE_VERIFY"] = "1"
         if p.serving.early_first_token:
             env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
+        if p.serving.parallel_compile:
+            env["INFERENCE_IMAGE_PARALLEL_COMPILE"] = "1"
         if p.serving.cudagraph_mode == "full_and_decode":
             env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
         if p.serving.flash_attention_3 and draft_attends_otherwise(r):

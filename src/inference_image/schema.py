@@ -330,6 +330,10 @@ class Serving(Strict):
         "CLI default: a new interpreter that imports everything again) or fork (starts with "
         "what the API server imported; vLLM spawns anyway where CUDA is already initialized). GPU "
         "tiers")
+    parallel_compile: bool = Field(
+        False, description="a start that compiles its model (no matching warm cache) builds "
+        "Inductor's Triton kernels on a pool of worker processes, one a CPU up to 32, stopped "
+        "once the model is warmed up (vLLM 0.26 builds them one after another). GPU tiers")
     page_cache_prefetch: bool = Field(
         False, description="at each start, read what a start reads (the libraries and modules "
         "the build's inspection recorded) into the page cache in the background while Python "

