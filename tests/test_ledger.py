@@ -152,6 +152,20 @@ def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() 
     assert ready_chart.table(rows[:1]).splitlines()[0].count("criu_restore") == 0
 
 
+def test_a_ready_variant_stays_in_its_record_and_out_of_the_chart() -> None:
+    """A ready step that --set a field of the profile (a variant: parallel_compile=false) is not
+    the render as it ships; one that only placed it (its GPUs, ports) is."""
+    from inference_lab import ready_chart
+
+    cold = {"order": ["cold"], "starts": {"cold": {"answered_s": 97.7, "phases": [
+        ["compile", 42.8], ["first_answer", 0.1]]}}}
+    proof = {"ready": {"pc": cold, "seq": cold, "placed": cold},
+             "commands": {"pc": {"sets": []},
+                          "seq": {"sets": ["serving.parallel_compile=false"]},
+                          "placed": {"sets": ["serving.gpu_ids=[1]"]}}}
+    assert [s.label for s in ready_chart.starts(66, "a", proof)] == ["pc", "placed"]
+
+
 def test_a_ready_steps_rows_ship_only_without_sleep_mode(tmp_path: Path) -> None:
     """A ready step's bench rows are named after their start (img-bundle, img-checkpoint) and
     read its command; a step run for a checkpoint (sleep mode, a spawned engine) is not the image

@@ -22,6 +22,7 @@ from inference_image.profiles import ProfileErrors, list_tiers, project_root, re
 
 from . import ready_chart
 from .proof_plan import READY_STARTS
+from .ready_chart import PLACEMENT
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 SCHEMA = 1
@@ -30,8 +31,6 @@ KINDS = {"proof": "Runs on GPUs", "layout": "Layouts", "gemm-table": "FP8 GEMM t
          "faults": "Faults under load", "soak": "Soak", "multinode": "Multi-node",
          "fleet": "Fleet", "build": "Builds"}
 # --set fields that place a server on the machine and change nothing it serves
-PLACEMENT = ("serving.gpu_ids=", "serving.base_port=", "router.internal_port=",
-             "router.metrics_port=")
 IMAGE, VANILLA = "#1f6feb", "#8c959f"
 SHADES = ("#1f6feb", "#54aeff", "#0a3069")
 

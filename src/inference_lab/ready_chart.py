@@ -38,13 +38,23 @@ class Start:
         return f"{what}, {self.state} ({self.machine})"
 
 
+# a step's --set of these only places the servers (GPUs, ports): the render still as it ships
+PLACEMENT = ("serving.gpu_ids=", "serving.base_port=", "router.internal_port=",
+             "router.metrics_port=")
+
+
 def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
     """A machine's timed starts; a server run with sleep mode for a checkpoint (not as it ships)
-    only where its checkpoint was restored."""
+    only where its checkpoint was restored; a variant (a step that --set a field of the profile)
+    never: its record keeps it, the chart shows the render as it ships."""
     out = []
+    commands = proof.get("commands") or {}
     for label, rec in (proof.get("ready") or {}).items():
         restored = [(rec.get("starts") or {}).get(s) or {} for s in RESTORED]
         if rec.get("sleep_mode") and not any("answered_s" in e for e in restored):
+            continue
+        sets = (commands.get(label) or {}).get("sets") or ()
+        if not all(str(x).startswith(PLACEMENT) for x in sets):
             continue
         for state in rec.get("order", []):
             e = (rec.get("starts") or {}).get(state) or {}
