@@ -155,7 +155,7 @@ DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
 # whatever their value: never in the digest, so neither the ledger's records nor a warm-cache
 # bundle's key depend on them.
 DIGEST_OMITS = frozenset({"versions.dcgm", "router.connections_per_address",
-                          "serving.parallel_compile"})
+                          "serving.parallel_compile", "serving.triton_precompile"})
 
 
 def _cc(cc: str | None) -> tuple[int, int]:
@@ -548,6 +548,32 @@ def _check_hardware(p: Profile, target: CatalogModel | None, err: ErrFn, catalog
     if target and m.quantization == "fp8-checkpoint" and not target.fp8_hub_id:
         err("model.quantization", f"{m.target} has no fp8_hub_id in {catalog_file}",
             "use quantization: fp8 (online) or add the FP8 checkpoint to the catalog")
+    if s.triton_precompile:
+        _check_kernel_list(p, err)
+
+
+# the Triton kernels a tier's start compiles, recorded on a GPU (the plugin's triton_kernels.py)
+KERNEL_LISTS = "plugins/vllm/inference_image_vllm/kernels"
+
+
+def _check_kernel_list(p: Profile, err: ErrFn) -> None:
+    path = project_root() / KERNEL_LISTS / f"{p.tier}.json"
+    record = ("record one on a GPU of the tier's architecture (inference-lab proof step ready "
+              "--record-triton) or set serving.triton_precompile: false")
+    if not path.is_file():
+        err("serving.triton_precompile", f"no recorded kernel list for tier {p.tier} "
+            f"({KERNEL_LISTS}/{p.tier}.json)", record)
+        return
+    try:
+        recorded = json.loads(path.read_text()).get("capability")
+    except (ValueError, AttributeError) as exc:
+        err("serving.triton_precompile", f"{KERNEL_LISTS}/{p.tier}.json is not a kernel list "
+            f"({exc})", record)
+        return
+    if recorded != p.hardware.compute_capability:
+        err("serving.triton_precompile", f"{KERNEL_LISTS}/{p.tier}.json was recorded on compute "
+            f"capability {recorded}, the tier's GPU is {p.hardware.compute_capability}: its "
+            "kernels are another architecture's", record)
 
 
 def _check_layout(p: Profile, target: CatalogModel | None, err: ErrFn) -> None:

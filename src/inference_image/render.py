@@ -340,6 +340,9 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
         if p.serving.parallel_compile:
             env["INFERENCE_IMAGE_PARALLEL_COMPILE"] = "1"
+        if p.serving.triton_precompile:
+            # the build's `inference-startup precompile` reads the tier's list by this name
+            env["INFERENCE_IMAGE_TRITON_KERNELS"] = p.tier
         if p.serving.cudagraph_mode == "full_and_decode":
             env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
         if p.serving.flash_attention_3 and draft_attends_otherwise(r):

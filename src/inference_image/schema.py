@@ -334,6 +334,10 @@ class Serving(Strict):
         False, description="a start that compiles its model (no matching warm cache) builds "
         "Inductor's Triton kernels on a pool of worker processes, one a CPU up to 32, stopped "
         "once the model is warmed up (vLLM 0.26 builds them one after another). GPU tiers")
+    triton_precompile: bool = Field(
+        False, description="the build compiles, on its CPU builder, the Triton kernels a start of "
+        "this tier compiles (recorded once on a GPU: the plugin's kernels/<tier>.json) into the "
+        "image's Triton cache, so that no start compiles them at its first launch. GPU tiers")
     page_cache_prefetch: bool = Field(
         False, description="at each start, read what a start reads (the libraries and modules "
         "the build's inspection recorded) into the page cache in the background while Python "

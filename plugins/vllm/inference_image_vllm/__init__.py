@@ -24,12 +24,17 @@ unless the rendered unit environment turns a part on:
 - INFERENCE_IMAGE_PARALLEL_COMPILE=1 (`serving.parallel_compile: true`): a start that compiles
   its model builds Inductor's Triton kernels on a pool of worker processes, stopped once the model
   is warmed up (compile_pool.py).
+
+Beside serving: INFERENCE_IMAGE_TRITON_KERNELS=TIER (`serving.triton_precompile: true`) names the
+tier whose recorded Triton kernels the build compiles into the image's cache, and the lab's
+INFERENCE_IMAGE_TRITON_RECORD=FILE records which kernels a start compiles (triton_kernels.py).
 """
 
 import functools
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from . import switches
 
@@ -112,6 +117,14 @@ def parallel_compile() -> bool:
 
 
 def register() -> None:
+    recording = os.environ.get(switches.TRITON_RECORD)
+    if recording:  # the lab's: which Triton kernels a start compiles (triton_kernels.py)
+        try:
+            from . import triton_kernels
+
+            triton_kernels.install_recorder(Path(recording))
+        except Exception:
+            logger.exception("inference-image Triton kernel recording not installed")
     # the CPU tier's part, before the CUDA parts' platform check
     if empty_top_k():
         try:

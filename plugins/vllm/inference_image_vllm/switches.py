@@ -11,7 +11,9 @@ DECODE_GRAPHS = "INFERENCE_IMAGE_DECODE_GRAPHS"          # serving.cudagraph_mod
 DRAFT_SCHEDULE = "INFERENCE_IMAGE_DRAFT_SCHEDULE"        # FA3 with a draft of other heads
 EMPTY_TOP_K = "INFERENCE_IMAGE_EMPTY_TOP_K"              # the cpu tier with speculation
 PARALLEL_COMPILE = "INFERENCE_IMAGE_PARALLEL_COMPILE"    # serving.parallel_compile
+TRITON_KERNELS = "INFERENCE_IMAGE_TRITON_KERNELS"        # serving.triton_precompile: the tier
+TRITON_RECORD = "INFERENCE_IMAGE_TRITON_RECORD"          # the lab's recording (never rendered)
 
 # what the render may write (the lab's table path is the lab's own)
 RENDERED = (FP8_DISPATCH, TRITON_DECODE_TOKENS, TRITON_DECODE_VERIFY, EARLY_FIRST_TOKEN,
-            DECODE_GRAPHS, DRAFT_SCHEDULE, EMPTY_TOP_K, PARALLEL_COMPILE)
+            DECODE_GRAPHS, DRAFT_SCHEDULE, EMPTY_TOP_K, PARALLEL_COMPILE, TRITON_KERNELS)

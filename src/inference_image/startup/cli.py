@@ -15,7 +15,7 @@ from .anatomy import anatomy, journal_lines, ready, status
 from .banner import Machine, motd
 from .bundle import BundleError, NothingCompiled, check, describe, install, machine_key, make, seal
 from .fleetfile import FleetFileError, role_line
-from .prepare import inspect_models, prefetch, prefetch_roots
+from .prepare import inspect_models, precompile_kernels, prefetch, prefetch_roots
 
 # ---- command line ----------------------------------------------------------------------------
 
@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                        "as its start would, into vLLM's cache (the build, once)")
     p.add_argument("--env", required=True, type=Path, help="the unit's environment file")
     p.add_argument("--args", type=Path, help="the unit's arguments file")
+    p.add_argument("--owner", help="the user the instances run as")
+    p = sub.add_parser("precompile", help="compile the Triton kernels a start of the unit's tier "
+                       "compiles (recorded on a GPU) into its Triton cache (the build, once)")
+    p.add_argument("--env", required=True, type=Path, help="the unit's environment file")
     p.add_argument("--owner", help="the user the instances run as")
     p = sub.add_parser("fleet-role", help="this machine's part in a fleet, from its fleet file, "
                        "as one line (inference-join's reading)")
@@ -139,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                   "`inference-startup inspect` writes it)"), flush=True)
         elif args.cmd == "inspect":
             print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
+        elif args.cmd == "precompile":
+            print(f"inference-startup: {precompile_kernels(args.env, args.owner)}")
         elif args.cmd == "notify":
             notify.run(args.port, args.watch, args.pid, args.model,
                        notify.Limits(args.stall_s, args.probe_every_s, args.poll_s,

@@ -266,6 +266,37 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
     return f"inspected {', '.join(done)} in {time.monotonic() - t0:.0f} s ({infos}){recorded}"
 
 
+# ---- the Triton kernels a start compiles ------------------------------------------------------
+
+# The plugin compiles the kernels recorded for the unit's tier (serving.triton_precompile) with the
+# unit's vLLM, Triton and TRITON_CACHE_DIR; Triton needs no GPU for it (the plugin's
+# triton_kernels.py says why that holds).
+PRECOMPILE = ("-m", "inference_image_vllm.triton_kernels", "precompile")
+PRECOMPILE_TIMEOUT_S = 1800
+
+
+def precompile_kernels(env_file: Path, owner: str | None = None) -> str:
+    """Compile, as the build does once, the Triton kernels a start of the unit's tier compiles
+    into its Triton cache, owned by the instances' user. The plugin's one line."""
+    env = unit_environ(env_file)
+    python, cache = env.get("INFERENCE_PYTHON"), env.get("TRITON_CACHE_DIR")
+    if not python or not cache:
+        raise BundleError(f"{env_file}: names no INFERENCE_PYTHON or TRITON_CACHE_DIR")
+    try:
+        proc = subprocess.run([python, *PRECOMPILE], env=env, capture_output=True, text=True,
+                              timeout=PRECOMPILE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BundleError(f"precompiling the Triton kernels: {exc}") from None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        raise BundleError(f"the plugin did not precompile the Triton kernels (exit "
+                          f"{proc.returncode}): {(proc.stdout or proc.stderr).strip()[-400:]}")
+    ids = _owner_ids(owner)
+    if ids is not None and Path(cache).is_dir():
+        _chown_tree(Path(cache), ids)
+    return lines[-1]
+
+
 def _write_reads(cache: str | None, reads: dict[str, list[str]] | None,
                  ids: tuple[int, int] | None) -> str:
     """The inspection's record of what a start reads, under the cache root (replaced whole);
