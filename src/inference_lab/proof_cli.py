@@ -186,7 +186,7 @@ def cmd_step(args: argparse.Namespace) -> int:
                 client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "",
                 sampling=args.sampling, starts=tuple(args.starts or ()), vanilla=args.vanilla,
                 image_paths=args.image_paths, bundle=args.bundle or "",
-                import_profile=args.import_profile)
+                import_profile=args.import_profile, record_triton=args.record_triton)
     if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
@@ -394,5 +394,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "another machine) instead of packing this one's cache")
     p.add_argument("--import-profile", action="store_true",
                    help="ready: also time `import` of vLLM's API server (python -X importtime)")
+    p.add_argument("--record-triton", action="store_true",
+                   help="ready: record the Triton kernels the render's first start compiles as "
+                   "the tier's list (kernels-<tier>.json) for the build's precompile")
     p.set_defaults(func=cmd_step)
 

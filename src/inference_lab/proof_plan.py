@@ -42,6 +42,9 @@ DEFAULT_STARTS = READY_STARTS[:3]
 # the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
 # names together).
 FP8_TABLE_ENV = "INFERENCE_IMAGE_FP8_TABLE"
+# ... and the file its recorder appends each Triton compile to (inference_image_vllm.triton_kernels;
+# tests/test_triton_kernels.py holds the names together)
+TRITON_RECORD_ENV = "INFERENCE_IMAGE_TRITON_RECORD"
 # Step.fp8_table's one value: the table `tune` wrote under --out, measured on this GPU
 FP8_TABLES = ("tuned",)
 # Step.sampling's values: whose sampling defaults the bench rows send
@@ -77,9 +80,13 @@ def step_problem(step: Step) -> str | None:
     if set(RESTORED) & set(step.starts) and (step.starts[0] in RESTORED or step.vanilla):
         return ("starts: checkpoint and restart restore the render's start before them (e.g. "
                 "cold,checkpoint); put another start first, and no vanilla")
-    if (step.starts or step.vanilla or step.image_paths or step.bundle or step.import_profile) \
-            and step.kind != "ready":
-        return "starts, vanilla, image_paths, bundle, import_profile: ready steps only"
+    if (step.starts or step.vanilla or step.image_paths or step.bundle or step.import_profile
+            or step.record_triton) and step.kind != "ready":
+        return ("starts, vanilla, image_paths, bundle, import_profile, record_triton: ready "
+                "steps only")
+    if step.record_triton and (step.vanilla or not step.image_paths):
+        return ("record_triton: records the render's kernels as the image compiles them; give "
+                "image_paths, and no vanilla")
     if step.fp8_table and step.kind not in RENDERED:
         return (f"fp8_table: only {', '.join(RENDERED)} steps serve the profile's FP8 table; "
                 "drop it from this step")
@@ -211,12 +218,14 @@ class Step:
     # ready: the starts timed, in order (cold, warm, bundle, checkpoint; default the first
     # three), vanilla `vllm serve` instead of the render, the render from the image's own paths
     # (a bundle an image can load), a bundle file to restore instead of packing this machine's,
-    # and an import profile
+    # and an import profile; record_triton: which Triton kernels the render's first start
+    # compiles, as the tier's list for the build's precompile (the plugin's triton_kernels.py)
     starts: tuple[str, ...] = ()
     vanilla: bool = False
     image_paths: bool = False
     bundle: str = ""
     import_profile: bool = False
+    record_triton: bool = False
 
     def name(self) -> str:
         return self.label or self.kind
@@ -265,7 +274,8 @@ class Plan:
                               vanilla=bool(s.get("vanilla", False)),
                               image_paths=bool(s.get("image_paths", False)),
                               bundle=str(s.get("bundle", "")),
-                              import_profile=bool(s.get("import_profile", False))))
+                              import_profile=bool(s.get("import_profile", False)),
+                              record_triton=bool(s.get("record_triton", False))))
             if why := step_problem(steps[-1]):
                 raise ProofError(f"plan step {i}: {why}")
         return cls(tier=d.get("tier", "h100"),

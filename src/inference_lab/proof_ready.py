@@ -35,7 +35,15 @@ from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
 from inference_image.startup import checkpoint
 
 from .proof_machine import start
-from .proof_plan import DEFAULT_STARTS, RESTORED, STANDIN, ProofError, Step, vanilla_step
+from .proof_plan import (
+    DEFAULT_STARTS,
+    RESTORED,
+    STANDIN,
+    TRITON_RECORD_ENV,
+    ProofError,
+    Step,
+    vanilla_step,
+)
 from .proof_probes import completion_json
 
 BUNDLE_NAME = "warm-cache.tar.gz"
@@ -303,6 +311,10 @@ class ReadySteps:
             shutil.rmtree(home, ignore_errors=True)
             home.mkdir(parents=True)
             senv = {**env, "HOME": str(home)}
+            recording = self.work / f"triton-{label}.jsonl"
+            if step.record_triton and i == 0:  # the first start compiles what the list is of
+                recording.unlink(missing_ok=True)
+                senv[TRITON_RECORD_ENV] = str(recording)
             entry: dict[str, Any] = {}
             if state in ("cold", *BUNDLED) and profile_json is not None:
                 # what the image's build leaves under the cache root (the role's inspect task):
@@ -335,6 +347,8 @@ class ReadySteps:
                         entry["said"].get("warm_cache", ""):
                     raise ProofError(f"{label}: the bundle start did not use the bundle: "
                                      f"{entry['said'].get('warm_cache', 'no check line')}")
+                if TRITON_RECORD_ENV in senv:
+                    self._record_triton(label, recording, python, env, record)
                 checkpointed = bool(set(RESTORED) & set(starts[i + 1:i + 2]))
                 if checkpointed:
                     taken = self._take(label, argv[-1], srv.proc.pid, port, model, root,
@@ -489,15 +503,46 @@ class ReadySteps:
         return {"s": round(time.monotonic() - t0, 2), "said": line}
 
     def _inspect(self, units: Path, instance: str, env: dict[str, str]) -> str:
-        """`inference-startup inspect` of the instance, as the image's build runs it: its line."""
-        self._phase("inspecting the models, as the build does")
-        proc = subprocess.run([self.python, str(startup.LAUNCHER), "inspect",
-                               "--env", str(units / f"{instance}.env"),
-                               "--args", str(units / f"{instance}.args")],
-                              env=env, capture_output=True, text=True, check=False)
-        line = (proc.stdout or proc.stderr).strip().splitlines()[-1:] or ["no output"]
-        print(f"[inspect] {line[0]}", flush=True)
-        return line[0]
+        """`inference-startup inspect` and `precompile` of the instance, as the image's build runs
+        them: their lines."""
+        self._phase("inspecting the models and precompiling Triton kernels, as the build does")
+        said = []
+        for cmd in (["inspect", "--env", str(units / f"{instance}.env"),
+                     "--args", str(units / f"{instance}.args")],
+                    ["precompile", "--env", str(units / f"{instance}.env")]):
+            proc = subprocess.run([self.python, str(startup.LAUNCHER), *cmd],
+                                  env=env, capture_output=True, text=True, check=False)
+            line = (proc.stdout or proc.stderr).strip().splitlines()[-1:] or ["no output"]
+            print(f"[{cmd[0]}] {line[0]}", flush=True)
+            said.append(line[0])
+        return "; ".join(said)
+
+    def _record_triton(self, label: str, recording: Path, python: str, env: dict[str, str],
+                       record: dict[str, Any]) -> None:
+        """The Triton kernels the start compiled (the plugin's recording) as the tier's list:
+        kernels-<tier>.json under --out's ready folder and $OUT, to be committed as the plugin's
+        kernels/<tier>.json."""
+        r = self.resolved()
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader",
+                              "-i", "0"], capture_output=True, text=True, check=False)
+        capability = cap.stdout.strip() or str(r.profile.hardware.compute_capability)
+        out = self.work / "ready" / f"kernels-{r.profile.tier}.json"
+        proc = subprocess.run([python, "-m", "inference_image_vllm.triton_kernels", "collect",
+                               str(recording), "--tier", r.profile.tier, "--capability",
+                               capability, "--device", (self.results.get("info") or {}).get(
+                                   "gpu", "?"), "--profile-sha256", r.digest],
+                              env={**os.environ, **env}, capture_output=True, text=True,
+                              check=False)
+        if proc.returncode:
+            raise ProofError(f"{label}: the recorded Triton kernels were not collected: "
+                             f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(proc.stdout)
+        n = len(json.loads(proc.stdout)["kernels"])
+        record["triton_kernels"] = {"path": str(out), "kernels": n, "capability": capability}
+        if mirror := self._mirror():
+            shutil.copy(out, mirror / out.name)
+        print(f"[{label}] Triton kernels the start compiled: {n} -> {out}", flush=True)
 
     def _wipe(self, root: Path) -> None:
         for p in (*startup.CACHE_PARTS, "xdg-config", "tmp", startup.MANIFEST, startup.REJECTED,
