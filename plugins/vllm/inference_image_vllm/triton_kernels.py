@@ -166,9 +166,11 @@ def _compiler(capability: str) -> Callable[[dict[str, Any]], bool]:
 
     def compile_one(e: dict[str, Any]) -> bool:
         src, options = source(kernel_function(e["module"], e["name"]), e["spec"])
-        before = sum(1 for _ in cache.glob("*/*.json")) if cache.is_dir() else 0
+        # Triton's metadata file of this kernel, one a specialization (compiler.compile names it)
+        entries = f"*/{src.name[:150]}.json"
+        before = sum(1 for _ in cache.glob(entries))
         triton.compile(src, target=target, options=options)
-        return (sum(1 for _ in cache.glob("*/*.json")) if cache.is_dir() else 0) > before
+        return sum(1 for _ in cache.glob(entries)) > before
 
     return compile_one
 

@@ -228,6 +228,17 @@ def architectures(env: dict[str, str], args_file: Path | None) -> list[str]:
     return archs
 
 
+def _run_unit_python(argv: list[str], env: dict[str, str], timeout_s: int,
+                     doing: str) -> subprocess.CompletedProcess[str]:
+    """The unit's vLLM Python run to its end with the unit's environment; one that cannot start
+    or outlives `timeout_s` as BundleError, saying what it was doing."""
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BundleError(f"{doing}: {exc}") from None
+
+
 def inspect_models(env_file: Path, args_file: Path | None = None,
                    owner: str | None = None) -> str:
     """Inspect the architectures the unit serves with its vLLM, as its start would, so that the
@@ -247,12 +258,9 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
 
     before = written()
     t0 = time.monotonic()
-    try:
-        script = f"READS_MODULES = {READS_MODULES!r}\n" + INSPECT + RECORD_READS
-        proc = subprocess.run([python, "-c", script, *archs], env=env, capture_output=True,
-                              text=True, timeout=INSPECT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BundleError(f"inspecting {', '.join(archs)}: {exc}") from None
+    script = f"READS_MODULES = {READS_MODULES!r}\n" + INSPECT + RECORD_READS
+    proc = _run_unit_python([python, "-c", script, *archs], env, INSPECT_TIMEOUT_S,
+                            f"inspecting {', '.join(archs)}")
     done = [line.split()[0] for line in proc.stdout.splitlines() if " inspected " in line]
     if proc.returncode or not done:
         raise BundleError(f"vLLM did not inspect {', '.join(archs)} (exit {proc.returncode}): "
@@ -282,11 +290,8 @@ def precompile_kernels(env_file: Path, owner: str | None = None) -> str:
     python, cache = env.get("INFERENCE_PYTHON"), env.get("TRITON_CACHE_DIR")
     if not python or not cache:
         raise BundleError(f"{env_file}: names no INFERENCE_PYTHON or TRITON_CACHE_DIR")
-    try:
-        proc = subprocess.run([python, *PRECOMPILE], env=env, capture_output=True, text=True,
-                              timeout=PRECOMPILE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BundleError(f"precompiling the Triton kernels: {exc}") from None
+    proc = _run_unit_python([python, *PRECOMPILE], env, PRECOMPILE_TIMEOUT_S,
+                            "precompiling the Triton kernels")
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
         raise BundleError(f"the plugin did not precompile the Triton kernels (exit "
