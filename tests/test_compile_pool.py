@@ -6,6 +6,7 @@ measured by `inference-lab proof step ready` (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import sys
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -55,7 +56,9 @@ def test_the_pool_starts_where_vllm_compiles_and_stops_after_the_warm_up() -> No
     assert calls == ["warm_pool threads=16", "use_process_pool"]
     assert config.compile_threads == 16
     assert warm_up() == "times"
-    assert calls[-1] == "shutdown" and config.compile_threads == 1
+    assert config.compile_threads == 1 and p.stopping is not None
+    p.stopping.join(5)
+    assert calls[-1] == "shutdown"
     assert events == ["aot_compile", "aot_compile", "warm_up"]
     # a later compile in the same process (none in vLLM 0.26's serving) starts it again
     compile_model()
@@ -84,7 +87,30 @@ def test_the_pool_stops_when_the_warm_up_fails_and_the_failure_stands() -> None:
 
     with pytest.raises(RuntimeError, match="out of memory"):
         compile_pool.wrap_stop(warm_up, p)()
+    assert p.stopping is not None
+    p.stopping.join(5)
     assert calls[-1] == "shutdown"
+
+
+def test_the_pool_stops_beside_the_engine_and_a_failed_stop_is_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The workers' exit is waited for on a thread of its own: the warm-up returns while it
+    runs; a shutdown that raises is logged, never raised into the engine."""
+    release = threading.Event()
+    calls: list[str] = []
+    config = SimpleNamespace(compile_threads=1)
+
+    def slow_shutdown() -> None:
+        release.wait(5)
+        raise OSError("sidecar gone")
+
+    p = compile_pool.Pool(config, AsyncCompile(calls, config), slow_shutdown, 4)
+    compile_pool.wrap_start(lambda: None, p)()
+    assert compile_pool.wrap_stop(lambda: "times", p)() == "times"
+    assert p.stopping is not None and p.stopping.is_alive()
+    release.set()
+    p.stopping.join(5)
+    assert "compile pool not stopped" in caplog.text
 
 
 def test_a_pool_that_cannot_start_leaves_the_compile_to_the_engine_process(

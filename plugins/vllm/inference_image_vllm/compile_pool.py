@@ -9,8 +9,9 @@ first kernel is still importing torch when the last one is built.
 So this starts the pool where vLLM begins a compile (its AOT compile of a model, which a start
 that loads a compiled model from the cache never reaches): Dynamo's trace of the model takes
 longer than the pool takes to come up, and Inductor's kernels then build in parallel. The pool
-stops once the worker has compiled, captured and warmed up its model, so a serving engine keeps
-no compile processes. A start that loads its compiled model starts no pool.
+stops once the worker has compiled, captured and warmed up its model (its workers' exit waited
+for on a thread of its own), so a serving engine keeps no compile processes. A start that loads
+its compiled model starts no pool.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,7 @@ class Pool:
                  n: int) -> None:
         self.config, self.async_compile, self.shutdown, self.n = config, async_compile, shutdown, n
         self.started = False
+        self.stopping: threading.Thread | None = None
 
     def start(self) -> None:
         if self.started or self.n <= 1:
@@ -61,9 +64,18 @@ class Pool:
     def stop(self) -> None:
         if not self.started:
             return
-        self.shutdown()
         self.config.compile_threads = 1  # vLLM's setting again, for anything compiled later
         self.started = False
+        # the workers' exit is waited for beside the engine, not before it serves
+        self.stopping = threading.Thread(target=self._shutdown, name="inference-image-compile-pool",
+                                         daemon=True)
+        self.stopping.start()
+
+    def _shutdown(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            logger.exception("inference-image compile pool not stopped")
 
 
 def wrap_start(fn: Callable[..., Any], pool: Pool) -> Callable[..., Any]:
@@ -85,10 +97,7 @@ def wrap_stop(fn: Callable[..., Any], pool: Pool) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         finally:
-            try:
-                pool.stop()
-            except Exception:
-                logger.exception("inference-image compile pool not stopped")
+            pool.stop()
 
     return warm_up_then_stop_pool
 
