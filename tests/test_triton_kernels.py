@@ -64,15 +64,16 @@ def test_precompile_says_what_it_compiled_found_cached_and_skipped() -> None:
         {"module": "a", "name": "k1", "spec": SPEC}, {"module": "a", "name": "k2", "spec": SPEC},
         {"module": "gone", "name": "k3", "spec": SPEC}]}
 
-    def compile_one(e: dict[str, Any]) -> bool:
+    def compile_one(e: dict[str, Any]) -> tuple[bool, str]:
         if e["module"] == "gone":
             raise ModuleNotFoundError("No module named 'gone'")
-        return e["name"] == "k1"
+        return e["name"] == "k1", "" if e["name"] == "k1" else "AssertionError: libcuda.so cannot found!"
 
     line = triton_kernels.precompile(doc, compile_one)
     assert line.startswith("1 compiled, 1 already cached, 1 skipped of 3 recorded for compute "
-                           "capability 9.0 in ")
+                           "capability 9.0, 1 launchers built, in ")
     assert "(first skipped: gone.k3: ModuleNotFoundError: No module named 'gone')" in line
+    assert line.endswith("(first launcher not built: AssertionError: libcuda.so cannot found!)")
 
 
 def plugin_cli(env: dict[str, str], kernels: Path | None = None) -> subprocess.CompletedProcess[str]:

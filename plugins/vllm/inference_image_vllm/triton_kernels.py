@@ -127,34 +127,43 @@ def source(fn: Any, spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return ASTSource(fn, signature, constexprs, attrs), options
 
 
-def precompile(doc: dict[str, Any], compile_one: Callable[[dict[str, Any]], bool] | None = None
-               ) -> str:
-    """Compile every kernel of a recorded list into TRITON_CACHE_DIR; one line saying what was
-    done. `compile_one` (an entry -> whether it was compiled now, not found cached) stands in for
-    Triton's compiler in tests."""
+# an entry -> whether its kernel was compiled now (not found cached), and why its launcher was
+# not built ("" where it was)
+CompileOne = Callable[[dict[str, Any]], tuple[bool, str]]
+
+
+def precompile(doc: dict[str, Any], compile_one: CompileOne | None = None) -> str:
+    """Compile every kernel of a recorded list, and the launcher Triton builds for it with the
+    system's C compiler at its first launch, into TRITON_CACHE_DIR; one line saying what was
+    done. `compile_one` stands in for Triton's compiler in tests."""
     t0 = time.monotonic()
     kernels = doc.get("kernels") or []
     if compile_one is None:
         compile_one = _compiler(str(doc.get("capability", "")))
     compiled = cached = 0
     skipped: list[str] = []
+    no_launcher: list[str] = []
     for e in kernels:
         try:
-            if compile_one(e):
-                compiled += 1
-            else:
-                cached += 1
+            now, launcher = compile_one(e)
         except Exception as exc:  # a kernel vLLM renamed or changed: its start compiles it
             skipped.append(f"{e.get('module')}.{e.get('name')}: {type(exc).__name__}: {exc}"[:200])
+            continue
+        compiled, cached = compiled + now, cached + (not now)
+        if launcher:
+            no_launcher.append(launcher[:200])
     line = (f"{compiled} compiled, {cached} already cached, {len(skipped)} skipped of "
-            f"{len(kernels)} recorded for compute capability {doc.get('capability')} in "
+            f"{len(kernels)} recorded for compute capability {doc.get('capability')}, "
+            f"{compiled + cached - len(no_launcher)} launchers built, in "
             f"{time.monotonic() - t0:.0f} s")
     if skipped:
         line += f" (first skipped: {skipped[0]})"
+    if no_launcher:
+        line += f" (first launcher not built: {no_launcher[0]})"
     return line
 
 
-def _compiler(capability: str) -> Callable[[dict[str, Any]], bool]:
+def _compiler(capability: str) -> CompileOne:
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -164,13 +173,22 @@ def _compiler(capability: str) -> Callable[[dict[str, Any]], bool]:
     target = GPUTarget("cuda", int(major) * 10 + int(minor), 32)
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache")).expanduser()
 
-    def compile_one(e: dict[str, Any]) -> bool:
+    def compile_one(e: dict[str, Any]) -> tuple[bool, str]:
         src, options = source(kernel_function(e["module"], e["name"]), e["spec"])
         # Triton's metadata file of this kernel, one a specialization (compiler.compile names it)
         entries = f"*/{src.name[:150]}.json"
         before = sum(1 for _ in cache.glob(entries))
-        triton.compile(src, target=target, options=options)
-        return sum(1 for _ in cache.glob(entries)) > before
+        kernel = triton.compile(src, target=target, options=options)
+        now = sum(1 for _ in cache.glob(entries)) > before
+        try:
+            # what CompiledKernel builds at its first launch: a C module keyed by its source (the
+            # signature and constants) and the platform, linked against the driver's libcuda
+            from triton.backends.nvidia.driver import CudaLauncher
+
+            CudaLauncher(src, kernel.metadata)
+        except Exception as exc:  # no libcuda or no C compiler here: the start builds it
+            return now, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        return now, ""
 
     return compile_one
 
