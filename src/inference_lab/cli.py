@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from inference_image import __version__
 from inference_image.cli import run
 
-from . import ledger, proof_cli
+from . import ledger, proof_cli, spy
 from .proof_plan import ProofError
 
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     proof_cli.register(sub)
     ledger.register(sub)
+    spy.register(sub)
     return ap
 
 
