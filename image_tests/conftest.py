@@ -232,9 +232,9 @@ def traffic_per_instance(root: Any, profile: dict[str, Any], api_key: HostKey, p
 def seconds_until_balanced(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public,
                            timeout: float) -> float | None:
     """Spread requests every few seconds until every instance has served some: how long that
-    took, or None. (vllm-router takes an instance that failed requests back only about 60 s
-    after the failure, whatever its health-check and circuit-breaker settings: measured with
-    0.1.17 against stub workers.)"""
+    took, or None. (vllm-router takes an instance that failed requests back only a fixed while
+    after the failure, whatever its health-check and circuit-breaker settings:
+    docs/benchmarks.md#2026-11-23-faults-cpu.)"""
     t0 = time.monotonic()
     before = served_per_instance(root, profile)
     while time.monotonic() - t0 < timeout:

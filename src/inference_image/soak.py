@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  f"tail -c 600 {WORK}/stdout 2>/dev/null | sed 's/^/stdout: /'",
                                  timeout=POLL_TIMEOUT_S)
             except (subprocess.TimeoutExpired, VerifyError):
-                # a machine at full load answers slowly (podman exec took over 30 s on 2
-                # cores); the load runs on regardless: ask again
+                # a machine at full load answers slowly (podman exec on the 2-core build host
+                # outlasts the poll's timeout); the load runs on regardless: ask again
                 continue
             lines = []
             for ln in text.splitlines():
