@@ -152,6 +152,30 @@ def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() 
     assert ready_chart.table(rows[:1]).splitlines()[0].count("criu_restore") == 0
 
 
+def test_ready_time_keeps_an_older_runs_bundle_start_when_the_newest_timed_only_cold() -> None:
+    """A run that times vanilla and the render cold only (a same-call pair) replaces those rows;
+    the bundle start stays the newest run's that had one (an older run's warm start does not),
+    and each row names its run."""
+    from inference_lab import ready_chart
+
+    def proof(states: list[str], vanilla: bool = False) -> dict[str, object]:
+        starts = {st: {"answered_s": 40.0 if st == "bundle" else 90.0,
+                       "phases": [["compile", 10.0], ["first_answer", 0.1]]} for st in states}
+        return {"ready": {"x": {"vanilla": vanilla, "order": states, "starts": starts}}}
+
+    found = [*ready_chart.starts(58, "w", proof(["cold", "warm", "bundle"])),
+             *ready_chart.starts(67, "a", proof(["cold", "bundle"])),
+             *ready_chart.starts(67, "a", proof(["cold"], vanilla=True)),
+             *ready_chart.starts(68, "b", proof(["cold"])),
+             *ready_chart.starts(68, "b", proof(["cold"], vanilla=True))]
+    rows = ready_chart.newest(found)
+    assert [(s.run, s.name()) for s in rows] == [
+        (68, "vanilla vLLM, cold (b)"), (68, "image, cold (b)"), (67, "image, bundle (a)")]
+    assert [ln.split(" |")[0] for ln in ready_chart.table(rows).splitlines()[2:]] == [
+        "| vanilla vLLM, cold (b), run 68", "| image, cold (b), run 68",
+        "| image, bundle (a), run 67"]
+
+
 def test_a_ready_variant_stays_in_its_record_and_out_of_the_chart() -> None:
     """A ready step that --set a field of the profile (a variant: parallel_compile=false) is not
     the render as it ships; one that only placed it (its GPUs, ports) is."""

@@ -66,19 +66,30 @@ def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
     return out
 
 
+# a start the chart keeps from an older run when the newest timed none: what a first boot from an
+# image with a warm-cache bundle makes (a same-call cold pair should not hide it)
+CARRIED = ("bundle",)
+
+
 def newest(found: list[Start]) -> list[Start]:
     """The newest run's starts as the render ships, vanilla first, then cold, warm, bundle, and
     below them the newest run's that restored a checkpoint; a run's machines each keep theirs (a
-    bundle made on one machine is restored on another)."""
+    bundle made on one machine is restored on another). A state of CARRIED the newest run did not
+    time comes from the newest run that did; each row names its run."""
     out: list[Start] = []
     for group in ([s for s in found if not s.sleep_mode], [s for s in found if s.sleep_mode]):
-        if group:
-            run = max(s.run for s in group)
-            out += sorted((s for s in group if s.run == run),
-                          key=lambda s: (not s.vanilla,
-                                         READY_STARTS.index(s.state) if s.state in READY_STARTS
-                                         else 9,
-                                         s.machine))
+        if not group:
+            continue
+        run = max(s.run for s in group)
+        keep = [s for s in group if s.run == run]
+        for state in CARRIED:
+            older = [s for s in group if s.state == state and not s.vanilla]
+            if older and not any(s.state == state and not s.vanilla for s in keep):
+                keep += [s for s in older if s.run == max(o.run for o in older)]
+        out += sorted(keep, key=lambda s: (not s.vanilla,
+                                           READY_STARTS.index(s.state) if s.state in READY_STARTS
+                                           else 9,
+                                           s.machine))
     return out
 
 
