@@ -15,10 +15,13 @@ help: ## this list
 	@awk -F':.*## ' '/^##@ /{printf "\n%s\n", substr($$0, 5); next} /^[a-z0-9][a-z0-9-]*:.*## /{printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Debian/Ubuntu packages the targets use (needs root): podman etc. for molecule, Packer and qemu for
-# images, cloud-image-utils for booting them, prometheus for promtool (docs/operations.md's scrape config).
+# images, cloud-image-utils for booting them, prometheus for promtool (docs/operations.md's scrape config),
+# CRIU's build dependencies for scripts/build-criu (the checkpoint tests).
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
-	curl iproute2 prometheus criu
+	curl iproute2 prometheus criu \
+	pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev \
+	libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
 
 deps: ## apt-get install the system packages every target needs (root)
 	@echo "make deps: apt-get install $(words $(DEB_PACKAGES)) packages (a few minutes on a fresh machine)"
@@ -39,7 +42,7 @@ setup: $(BIN)/.installed ## create .venv with the pinned Python tools and the in
 test: unit molecule molecule-gpu ## unit tests, the whole playbook in a systemd container, the driver role's user space
 
 unit: setup ## unit tests (exit code 5, no tests collected, fails too)
-	@rc=0; $(BIN)/pytest -q tests || rc=$$?; \
+	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The molecule scenario's inputs, all from this machine: a Debian 12 systemd image from Debian's

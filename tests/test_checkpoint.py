@@ -4,6 +4,8 @@ as if there were none, and the pieces a checkpoint is made of that need no GPU."
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -274,7 +276,8 @@ def test_kill_tree_waits_until_the_tree_has_exited() -> None:
     family = tree(proc.pid)
     assert len(family) == 3
     assert checkpoint.kill_tree(proc.pid, wait_s=10) == []
-    assert proc.wait(timeout=5) == -9
+    # killed, or exited 0 from its `wait` when its children died just before its own SIGKILL came
+    assert proc.wait(timeout=5) in (-9, 0)
     assert not any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text()
                    .rpartition(")")[2].split()[0] != "Z" for p in family)
 
@@ -287,3 +290,138 @@ def test_a_restore_marks_the_phases_the_ledger_shows_in_their_order() -> None:
 
     marked = re.findall(r't\.mark\("(\w+)"\)', inspect.getsource(checkpoint.restore))
     assert tuple(marked) == checkpoint.RESTORE_PHASES
+
+
+# A process tree shaped like an instance's (an API process and its worker talking over loopback
+# TCP, its output a connected stream socket as systemd's journal is), answering GET / with both
+# pids and a count the worker keeps in memory, one line of output each answer.
+TREE = r"""
+import http.server, os, socket, subprocess, sys
+port = int(sys.argv[1])
+if sys.argv[2:] == ["worker"]:
+    s, n = socket.create_connection(("127.0.0.1", port + 1)), 0
+    while s.recv(1):
+        n += 1
+        s.sendall(f"{os.getpid()}:{n}".encode().ljust(32))
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port + 1))
+ls.listen(1)
+worker = subprocess.Popen([sys.executable, __file__, str(port), "worker"])
+conn = ls.accept()[0]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        conn.sendall(b"x")
+        body = f"api={os.getpid()} worker={conn.recv(32).decode().strip()}".encode()
+        print(body.decode(), flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.HTTPServer(("127.0.0.1", port), H)
+print("serving", flush=True)
+srv.serve_forever()
+"""
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _working_criu() -> str:
+    """A CRIU that can run here ($PROOF_CRIU, else on PATH): `criu check` says so (Debian 12's
+    3.17 cannot initialise on Linux 6.16 and later; CRIU 4.2 built from Debian's source can)."""
+    criu = os.environ.get("PROOF_CRIU") or shutil.which("criu")
+    if not criu or os.geteuid() != 0:
+        pytest.skip("needs root and CRIU ($PROOF_CRIU or on PATH)")
+    out = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=60, check=False)
+    if "Looks good" not in out.stdout + out.stderr:
+        pytest.skip(f"{criu} cannot run on this kernel: "
+                    f"{(out.stdout + out.stderr).strip().splitlines()[-1:]}")
+    return criu
+
+
+def _get(port: int) -> str:
+    from inference_image.bounded_http import fetch
+    return fetch(f"http://127.0.0.1:{port}/", deadline_s=10).body.decode()
+
+
+def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a CRIU that runs here: a tree whose output is a connected stream socket (systemd's
+    journal, where a unit's instance writes) is dumped while it runs, killed, and restored with
+    its memory, its loopback connection and its pids; its output then goes to the restorer's
+    socket. A checkpoint whose image CRIU cannot finish (a truncated page image, which keeps its
+    restore spinning) is refused once its time is up, and nothing it restored is left running."""
+    import socket
+
+    criu = _working_criu()
+    # the worker, orphaned when its API process is killed, is this process's to reap (as an
+    # instance's tree is its unit's): its pid is free for the restore only once reaped
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    script, port = tmp_path / "tree.py", 18931
+    script.write_text(TREE)
+    journal, ours = socket.socketpair()  # the journal's end and the tree's
+    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=ours, stderr=ours,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    ours.close()
+    dest = tmp_path / "vllm-0"
+    (dest / checkpoint.IMAGES).mkdir(parents=True)
+    pids: list[int] = []
+    try:
+        journal.settimeout(30)
+        assert journal.recv(64).startswith(b"serving")
+        first = _get(port)
+        pids = tree(proc.pid)
+        assert len(pids) == 2 and first == f"api={pids[0]} worker={pids[1]}:1"
+        checkpoint.dump(proc.pid, dest / checkpoint.IMAGES, criu, mib=64)
+        assert _get(port).endswith(":2")  # left running, serving on
+        files = {p.name: p.stat().st_size for p in (dest / checkpoint.IMAGES).iterdir()}
+        manifest = {"stdio": checkpoint.stdio(proc.pid), "bytes": sum(files.values())}
+        assert checkpoint.kill_tree(proc.pid, wait_s=10) == []
+        proc.wait(timeout=10)
+        _reap(pids)
+
+        journal2, theirs = socket.socketpair()
+        with theirs:
+            pid = checkpoint.restore_tree(dest, manifest, criu, stdout=theirs.fileno())
+        assert pid == pids[0] and tree(pid) == pids
+        assert _get(port) == f"api={pids[0]} worker={pids[1]}:2"  # its count, from before the kill
+        journal2.settimeout(10)
+        assert journal2.recv(64).startswith(f"api={pids[0]}".encode())
+        assert checkpoint.kill_tree(pid, wait_s=10) == []
+        _reap(pids)
+
+        pages = max((dest / checkpoint.IMAGES).glob("pages-*.img"), key=lambda p: p.stat().st_size)
+        os.truncate(pages, 100)
+        monkeypatch.setattr(checkpoint, "CRIU_MIN_TIMEOUT_S", 5.0)
+        t0 = time.monotonic()
+        with pytest.raises(CheckpointRefused, match=r"^criu restore did not finish in 5 s"):
+            checkpoint.restore_tree(dest, manifest, criu)
+        assert time.monotonic() - t0 < 30
+        assert not [p for p in pids if checkpoint._alive(p)]
+    finally:
+        for p in pids:
+            with contextlib.suppress(OSError):
+                os.kill(p, 9)
+        proc.kill()
+        _reap(pids)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _reap(pids: list[int]) -> None:
+    """Reap those of `pids` that were handed to this process and have exited."""
+    for p in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(p, 0)
+
+
+def test_a_journal_stream_is_named_external_once_and_criu_gets_time_for_its_images() -> None:
+    assert checkpoint.external_args({"1": "socket:[9]", "2": "socket:[9]"}) == [
+        "--external", "unix[9]"]
+    assert checkpoint.external_args({"1": "pipe:[7]", "2": "/var/log/x.log"}) == []
+    assert checkpoint.criu_timeout(10) == checkpoint.CRIU_MIN_TIMEOUT_S
+    big = 100 * checkpoint.CRIU_MIN_MIB_S * checkpoint.CRIU_MIN_TIMEOUT_S
+    assert checkpoint.criu_timeout(big) == 100 * checkpoint.CRIU_MIN_TIMEOUT_S

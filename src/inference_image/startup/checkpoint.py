@@ -50,6 +50,12 @@ LOCK_TIMEOUT_MS = 30_000
 # the loopback) are restored as they were; no other machine talks to an instance while it is
 # written (it is taken before traffic), so the network is not locked
 CRIU_COMMON = ("--tcp-established", "--file-locks", "--network-lock", "skip")
+# CRIU's slowest acceptable pace through a checkpoint's images, and the least time it gets: a
+# dump or restore slower than that is stuck (a damaged image keeps a restore's tasks spinning,
+# and CRIU ignores SIGTERM meanwhile): killed with what it restored, and refused
+# (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api-issue-79-not-shipped)
+CRIU_MIN_MIB_S = 50
+CRIU_MIN_TIMEOUT_S = 60.0
 # a restore's phases (Timings' marks), in order: what a ledger shows for a restored start
 RESTORE_PHASES = ("validate", "criu_restore", "cuda_restore", "wake_up", "first_answer")
 
@@ -190,6 +196,23 @@ def inherit_args(streams: dict[str, str]) -> list[str]:
     return args
 
 
+def external_args(streams: dict[str, str]) -> list[str]:
+    """CRIU's --external for standard output and error that are a connected stream socket
+    (systemd's journal): CRIU writes only the process's end, and inherit_args hands the restorer's
+    own in at the restore; without it, CRIU refuses to write half of a connection."""
+    args, seen = [], set()
+    for _, what in sorted(streams.items()):
+        if (m := re.fullmatch(r"socket:\[(\d+)\]", what)) and m[1] not in seen:
+            seen.add(m[1])
+            args += ["--external", f"unix[{m[1]}]"]
+    return args
+
+
+def criu_timeout(mib: float) -> float:
+    """The seconds a dump or restore of `mib` MiB of images gets before it counts as stuck."""
+    return max(CRIU_MIN_TIMEOUT_S, mib / CRIU_MIN_MIB_S)
+
+
 def device_files(pids: list[int]) -> list[str]:
     """The NVIDIA device files still open in these processes (pid, fd, path)."""
     out = []
@@ -255,12 +278,22 @@ def memory(pids: list[int]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None) -> None:
+def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None,
+          timeout_s: float = CRIU_MIN_TIMEOUT_S) -> None:
     # -W: CRIU's statistics (stats-dump, stats-restore) go beside its log, out of the images a
     # manifest lists, so a restore leaves the checkpoint as it was for the next one
-    proc = subprocess.run([criu, *argv, "-v2", "-o", str(log), "-W", str(log.parent)],
-                          text=True, check=False, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          stdout=subprocess.PIPE if stdout is None else stdout)
+    proc = subprocess.Popen([criu, *argv, "-v2", "-o", str(log), "-W", str(log.parent)],
+                            text=True, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE if stdout is None else stdout)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # the tasks a restore has forked outlive CRIU: they go first, then CRIU
+        kill_tree(proc.pid, wait_s=10)
+        proc.communicate()
+        raise CheckpointRefused(f"criu {argv[0]} did not finish in {timeout_s:.0f} s (a "
+                                "damaged image can keep it going): killed, with what it had "
+                                "restored") from None
     if proc.returncode:
         tail = ""
         with contextlib.suppress(OSError):
@@ -270,7 +303,31 @@ def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None) -> N
         why = (f"pid {taken[1]}, which the checkpoint's process had, is another process's now; "
                if taken else "")
         raise CheckpointRefused(f"criu {argv[0]} exited {proc.returncode}: {why}"
-                                f"{tail or proc.stderr.strip()[-600:]}")
+                                f"{tail or err.strip()[-600:]}")
+
+
+def dump(pid: int, images: Path, criu: str, mib: float) -> None:
+    """CRIU writes the tree `pid` heads into `images` and leaves it running (`mib`: what its
+    processes hold, which sets how long CRIU gets)."""
+    _criu(criu, ["dump", "-t", str(pid), "-D", str(images), "--leave-running", "--ext-unix-sk",
+                 *external_args(stdio(pid)), *CRIU_COMMON], images.parent / "dump.log",
+          timeout_s=criu_timeout(mib))
+
+
+def restore_tree(dest: Path, manifest: dict[str, Any], criu: str,
+                 stdout: int | None = None) -> int:
+    """CRIU restores the processes of the checkpoint at `dest` (detached); the pid heading them.
+    CheckpointRefused where CRIU fails or is stuck, nothing of it left running."""
+    pidfile = dest / "restored.pid"
+    with contextlib.suppress(FileNotFoundError):
+        pidfile.unlink()
+    _criu(criu, ["restore", "-D", str(dest / IMAGES), "-d", "--pidfile", str(pidfile),
+                 *CRIU_COMMON, *inherit_args(manifest["stdio"])], dest / "restore.log", stdout,
+          timeout_s=criu_timeout(int(manifest.get("bytes", 0)) / 2**20))
+    try:
+        return int(pidfile.read_text())
+    except (OSError, ValueError):
+        raise CheckpointRefused(f"criu restore wrote no pid to {pidfile}") from None
 
 
 def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu: str,
@@ -312,8 +369,8 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
             # at a reboot; every process of the tree has opened it already
             for name in shm_names(pids):
                 name.unlink(missing_ok=True)
-            _criu(criu, ["dump", "-t", str(pid), "-D", str(tmp / IMAGES), "--leave-running",
-                         "--ext-unix-sk", *CRIU_COMMON], tmp / "dump.log")
+            dump(pid, tmp / IMAGES, criu, sum(m.get("rssanon_mib", 0) + m.get("rssshmem_mib", 0)
+                                              for m in held_memory.values()))
             t.mark("criu_dump")
         finally:
             # the instance serves on whatever happened above: its GPU state back, awake
@@ -374,15 +431,7 @@ def restore(dest: Path, key: dict[str, str], criu: str, timings: Timings | None 
     t = timings or Timings()
     manifest = validate(dest, key)
     t.mark("validate")
-    pidfile = dest / "restored.pid"
-    with contextlib.suppress(FileNotFoundError):
-        pidfile.unlink()
-    _criu(criu, ["restore", "-D", str(dest / IMAGES), "-d", "--pidfile", str(pidfile),
-                 *CRIU_COMMON, *inherit_args(manifest["stdio"])], dest / "restore.log", stdout)
-    try:
-        pid = int(pidfile.read_text())
-    except (OSError, ValueError):
-        raise CheckpointRefused(f"criu restore wrote no pid to {pidfile}") from None
+    pid = restore_tree(dest, manifest, criu, stdout)
     t.mark("criu_restore")
     try:
         drv = Driver()
