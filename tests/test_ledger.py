@@ -163,17 +163,17 @@ def test_ready_time_keeps_an_older_runs_bundle_start_when_the_newest_timed_only_
                        "phases": [["compile", 10.0], ["first_answer", 0.1]]} for st in states}
         return {"ready": {"x": {"vanilla": vanilla, "order": states, "starts": starts}}}
 
-    found = [*ready_chart.starts(58, "w", proof(["cold", "warm", "bundle"])),
-             *ready_chart.starts(67, "a", proof(["cold", "bundle"])),
-             *ready_chart.starts(67, "a", proof(["cold"], vanilla=True)),
-             *ready_chart.starts(68, "b", proof(["cold"])),
-             *ready_chart.starts(68, "b", proof(["cold"], vanilla=True))]
+    found = [*ready_chart.starts(1, "w", proof(["cold", "warm", "bundle"])),
+             *ready_chart.starts(2, "a", proof(["cold", "bundle"])),
+             *ready_chart.starts(2, "a", proof(["cold"], vanilla=True)),
+             *ready_chart.starts(3, "b", proof(["cold"])),
+             *ready_chart.starts(3, "b", proof(["cold"], vanilla=True))]
     rows = ready_chart.newest(found)
     assert [(s.run, s.name()) for s in rows] == [
-        (68, "vanilla vLLM, cold (b)"), (68, "image, cold (b)"), (67, "image, bundle (a)")]
+        (3, "vanilla vLLM, cold (b)"), (3, "image, cold (b)"), (2, "image, bundle (a)")]
     assert [ln.split(" |")[0] for ln in ready_chart.table(rows).splitlines()[2:]] == [
-        "| vanilla vLLM, cold (b), run 68", "| image, cold (b), run 68",
-        "| image, bundle (a), run 67"]
+        "| vanilla vLLM, cold (b), run 3", "| image, cold (b), run 3",
+        "| image, bundle (a), run 2"]
 
 
 def test_a_ready_variant_stays_in_its_record_and_out_of_the_chart() -> None:

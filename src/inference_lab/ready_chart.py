@@ -85,7 +85,8 @@ def newest(found: list[Start]) -> list[Start]:
         for state in CARRIED:
             older = [s for s in group if s.state == state and not s.vanilla]
             if older and not any(s.state == state and not s.vanilla for s in keep):
-                keep += [s for s in older if s.run == max(o.run for o in older)]
+                last = max(s.run for s in older)
+                keep += [s for s in older if s.run == last]
         out += sorted(keep, key=lambda s: (not s.vanilla,
                                            READY_STARTS.index(s.state) if s.state in READY_STARTS
                                            else 9,
