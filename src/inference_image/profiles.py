@@ -148,6 +148,7 @@ class Resolved:
 # tier as it ships (docs/benchmarks.md). A field whose default changes what serves is not listed.
 DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.page_cache_prefetch": False,
+                                     "serving.checkpoint": False,
                                      "serving.cudagraph_prefill_step": None,
                                      "router.scrape": True}
 # Fields of what the image holds beside the serving stack (GPU telemetry, the firewall) or of how
@@ -580,6 +581,20 @@ def _check_layout(p: Profile, target: CatalogModel | None, err: ErrFn) -> None:
     """Instances, GPUs, nodes and the droplet size agree; extra_args are allowed flags."""
     hw, s, m = p.hardware, p.serving, p.model
     spec = p.model.speculative
+    if s.checkpoint:
+        # CUDA's checkpoint API writes one process's GPU state; an engine core forked from its API
+        # server keeps NVIDIA device files it cannot release (docs/benchmarks.md#run-62)
+        fix = "set serving.checkpoint: false"
+        if hw.gpu_count == 0:
+            err("serving.checkpoint", "a checkpoint holds CUDA processes; the cpu tier has none",
+                fix)
+        elif s.tensor_parallel_size != 1 or s.nodes != 1:
+            err("serving.checkpoint", "only an instance of one GPU on one machine is checkpointed "
+                f"(tensor_parallel_size {s.tensor_parallel_size}, nodes {s.nodes})", fix)
+        if s.engine_process != "spawn":
+            err("serving.checkpoint", "an engine core forked from its API server keeps device "
+                "files CUDA's checkpoint cannot release", f"set serving.engine_process: spawn, "
+                f"or {fix.removeprefix('set ')}")
     if s.nodes > 1:
         if s.instances != 1:
             err("serving.nodes", f"{s.instances} instances, but an instance over {s.nodes} nodes "

@@ -78,6 +78,11 @@ PATHS = {
     # an instance written to disk once it served, restored instead of started again
     # (inference_image.startup.checkpoint, root only): one folder per instance
     "checkpoints": "/var/lib/inference-image/checkpoints",
+    # a start's word from its checkpoint helper to its main process, and its gate's flag
+    # (inference_image.startup.unit_checkpoint)
+    "checkpoint_run": "/run/inference-image/checkpoint",
+    # CRIU, built from Debian's source of the pinned release (scripts/build-criu)
+    "criu": "/usr/local/sbin/criu",
 }
 # a fleet worker's instance that is leaving its router (a file named by its port, from its
 # ExecStop until its next start): the join timer must not add it back while it drains. Beside the
@@ -129,6 +134,9 @@ LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE
           "drain_s": 10,
           # an instance's TimeoutStopSec (vllm@.service says why it is short)
           "stop_timeout_s": 15,
+          # how long an instance that checkpoints waits for its helper's word (a restore: CRIU's
+          # time limit for its images, CUDA's restore, the wake and the reference answer)
+          "checkpoint_word_s": 900,
           # an instance over several machines (serving.nodes) whose other stages are gone still
           # answers /health and holds every request forever: the head restarts itself when requests
           # are in flight and no token (prompt or output) has moved for this long; idle, it sends
@@ -201,6 +209,17 @@ def cudagraph_sizes(r: Resolved) -> list[int]:
     return sorted({*fine, *coarse, top})
 
 
+# what an instance that checkpoints (serving.checkpoint) runs with: the plugin's gate, vLLM's dev
+# routes, its engine core spawned (docs/benchmarks.md#run-62) and its processes talking over the
+# loopback; inference-run asks the helper beside its start for a restore (INFERENCE_CHECKPOINT)
+CHECKPOINT_GATE = "inference_image_vllm.gate.Gate"
+CHECKPOINT_ENV = {"INFERENCE_CHECKPOINT": "1", "VLLM_SERVER_DEV_MODE": "1",
+                  "VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+# the kernel setting CRIU needs of a machine whose instances checkpoint: vLLM's processes
+# otherwise hold an io_uring, which CRIU cannot write (docs/benchmarks.md#run-61)
+CHECKPOINT_SYSCTL = {"kernel.io_uring_disabled": 2}
+
+
 def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     """The full vLLM command line of one instance. ${VAR} is expanded by inference-run."""
     s, m = r.profile.serving, r.profile.model
@@ -253,6 +272,10 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
         argv += ["--compilation-config", json.dumps(compilation, separators=(",", ":"))]
     if s.linear_backend != "auto":
         argv += ["--linear-backend", s.linear_backend]
+    if s.checkpoint:
+        # vLLM's sleep mode frees the KV cache before a checkpoint; the plugin's gate keeps every
+        # request but the checkpoint's own out until it is taken or restored
+        argv += ["--enable-sleep-mode", "--middleware", CHECKPOINT_GATE]
     spec = m.speculative
     if spec.method != "none":
         cfg: dict[str, Any] = {"method": spec.method,
@@ -318,6 +341,10 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         # starts on the same GPU model and free memory skip the profiling; a warm-cache bundle
         # carries it (docs/decisions.md#ready-time)
         env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        if p.serving.checkpoint:
+            # /sleep and /wake_up (vLLM's dev routes; the router and nginx pass only the OpenAI
+            # routes); the engine core spawned and on the loopback, as CRIU writes it
+            env.update(CHECKPOINT_ENV)
         if p.serving.engine_process == "fork":
             # vLLM's CLI spawns its engine core, which imports everything the API server
             # imported again; forked, it starts with them (docs/decisions.md#ready-time)
@@ -520,6 +547,10 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "sysprep_machine_files": sysprep_files(),
         "sysprep_supported_releases": list(SUPPORTED_RELEASES),
         "base_nofile_limit": LIMITS["nofile"],
+        "base_sysctl_extra": CHECKPOINT_SYSCTL if p.serving.checkpoint else {},
+        "checkpoint_enabled": p.serving.checkpoint,
+        "checkpoint_criu_path": PATHS["criu"],
+        "checkpoint_store": PATHS["checkpoints"],
         "inference_service_ready_timeout_s": LIMITS["start_timeout_s"],
         "inference_service_start": serve_during_build(r),
         "observability_node_exporter_listen": f"127.0.0.1:{LIMITS['node_exporter_port']}",
@@ -647,6 +678,10 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
         tpl("etc/inference-image/units/unit.env.j2", f"etc/inference-image/units/{u.name}.env", u=u)
         tpl("etc/inference-image/units/unit.args.j2", f"etc/inference-image/units/{u.name}.args",
             u=u)
+    if r.profile.serving.checkpoint:
+        tpl("etc/systemd/system/inference-checkpoint@.service.j2",
+            "etc/systemd/system/inference-checkpoint@.service")
+        tpl("etc/tmpfiles.d/inference-checkpoint.conf.j2", "etc/tmpfiles.d/inference-checkpoint.conf")
     for name in ("vllm@.service", "vllm-router.service", "inference.target",
                  "inference-firstboot.service", "inference-acme.service", "inference-acme.timer",
                  "inference-join.service", "inference-join.timer", "nginx.socket"):

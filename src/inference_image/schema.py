@@ -338,6 +338,13 @@ class Serving(Strict):
         False, description="the build compiles, on its CPU builder, the Triton kernels a start of "
         "this tier compiles (recorded once on a GPU: the plugin's kernels/<tier>.json) into the "
         "image's Triton cache, so that no start compiles them at its first launch. GPU tiers")
+    checkpoint: bool = Field(
+        False, description="each instance is written to disk (CRIU and CUDA's checkpoint API) "
+        "once its first start answers, before any request, and later starts restore it instead "
+        "of loading and compiling again, falling back to a normal start, saying why, when it is "
+        "missing, stale or fails "
+        "(docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api). GPU tiers, "
+        "one GPU an instance, engine_process: spawn")
     page_cache_prefetch: bool = Field(
         False, description="at each start, read what a start reads (the libraries and modules "
         "the build's inspection recorded) into the page cache in the background while Python "

@@ -53,11 +53,33 @@ CRIU_COMMON = ("--tcp-established", "--file-locks", "--network-lock", "skip")
 # CRIU's slowest acceptable pace through a checkpoint's images, and the least time it gets: a
 # dump or restore slower than that is stuck (a damaged image keeps a restore's tasks spinning,
 # and CRIU ignores SIGTERM meanwhile): killed with what it restored, and refused
-# (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api-issue-79-not-shipped)
+# (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
 CRIU_MIN_MIB_S = 50
 CRIU_MIN_TIMEOUT_S = 60.0
 # a restore's phases (Timings' marks), in order: what a ledger shows for a restored start
 RESTORE_PHASES = ("validate", "criu_restore", "cuda_restore", "wake_up", "first_answer")
+# the header that takes the checkpoint's own requests through the instance's gate (the plugin's
+# gate.py) while it answers every other request 503: a checkpoint is taken before any client's
+# request, and a restored instance serves only once it has given its reference answer again
+GATE_HEADER = "X-Inference-Checkpoint"
+
+
+@dataclass(frozen=True)
+class Criu:
+    """How CRIU is run: its binary, what goes before it (`nsenter -t PID -m`: the instance's mount
+    namespace, where a sandboxed unit's processes live) and whether it puts the restored tree
+    back into the cgroup it was written from (a unit's, under systemd)."""
+    binary: str
+    prefix: tuple[str, ...] = ()
+    cgroups: bool = False
+
+    def argv(self, *args: str) -> list[str]:
+        return [*self.prefix, self.binary, *args,
+                *(("--manage-cgroups=soft",) if self.cgroups else ())]
+
+
+def as_criu(criu: str | Criu) -> Criu:
+    return criu if isinstance(criu, Criu) else Criu(criu)
 
 
 class CheckpointRefused(Exception):
@@ -155,20 +177,22 @@ def validate(dest: Path, key: dict[str, str]) -> dict[str, Any]:
 
 # ---- the instance's side --------------------------------------------------------------------
 
-def _post(port: int, path: str, body: dict[str, Any] | None, deadline_s: float) -> bytes:
+def _post(port: int, path: str, body: dict[str, Any] | None, deadline_s: float,
+          token: str = "") -> bytes:
     got = fetch(f"http://127.0.0.1:{port}{path}", deadline_s=deadline_s, method="POST",
                 body=json.dumps(body).encode() if body is not None else b"",
-                headers={"Content-Type": "application/json"})
+                headers={"Content-Type": "application/json",
+                         **({GATE_HEADER: token} if token else {})})
     if got.status != 200:
         raise OSError(f"{path}: HTTP {got.status}: {got.body.decode(errors='replace')[:200]}")
     return got.body
 
 
-def reference_answer(port: int, model: str, deadline_s: float = 120) -> str:
+def reference_answer(port: int, model: str, deadline_s: float = 120, token: str = "") -> str:
     """The instance's greedy answer to the fixed reference prompt (its tokens as text)."""
     body = _post(port, "/v1/completions", {
         "model": model, "prompt": REFERENCE_PROMPT, "max_tokens": REFERENCE_TOKENS,
-        "temperature": 0, "ignore_eos": True}, deadline_s)
+        "temperature": 0, "ignore_eos": True}, deadline_s, token)
     try:
         return str(json.loads(body)["choices"][0]["text"])
     except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -278,11 +302,12 @@ def memory(pids: list[int]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None,
+def _criu(criu: str | Criu, argv: list[str], log: Path, stdout: int | None = None,
           timeout_s: float = CRIU_MIN_TIMEOUT_S) -> None:
     # -W: CRIU's statistics (stats-dump, stats-restore) go beside its log, out of the images a
     # manifest lists, so a restore leaves the checkpoint as it was for the next one
-    proc = subprocess.Popen([criu, *argv, "-v2", "-o", str(log), "-W", str(log.parent)],
+    proc = subprocess.Popen(as_criu(criu).argv(*argv, "-v2", "-o", str(log), "-W",
+                                               str(log.parent)),
                             text=True, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE if stdout is None else stdout)
     try:
@@ -306,7 +331,7 @@ def _criu(criu: str, argv: list[str], log: Path, stdout: int | None = None,
                                 f"{tail or err.strip()[-600:]}")
 
 
-def dump(pid: int, images: Path, criu: str, mib: float) -> None:
+def dump(pid: int, images: Path, criu: str | Criu, mib: float) -> None:
     """CRIU writes the tree `pid` heads into `images` and leaves it running (`mib`: what its
     processes hold, which sets how long CRIU gets)."""
     _criu(criu, ["dump", "-t", str(pid), "-D", str(images), "--leave-running", "--ext-unix-sk",
@@ -314,7 +339,7 @@ def dump(pid: int, images: Path, criu: str, mib: float) -> None:
           timeout_s=criu_timeout(mib))
 
 
-def restore_tree(dest: Path, manifest: dict[str, Any], criu: str,
+def restore_tree(dest: Path, manifest: dict[str, Any], criu: str | Criu,
                  stdout: int | None = None) -> int:
     """CRIU restores the processes of the checkpoint at `dest` (detached); the pid heading them.
     CheckpointRefused where CRIU fails or is stuck, nothing of it left running."""
@@ -330,13 +355,14 @@ def restore_tree(dest: Path, manifest: dict[str, Any], criu: str,
         raise CheckpointRefused(f"criu restore wrote no pid to {pidfile}") from None
 
 
-def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu: str,
-         timings: Timings | None = None) -> dict[str, Any]:
+def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu: str | Criu,
+         timings: Timings | None = None, token: str = "") -> dict[str, Any]:
     """Checkpoint the running instance whose tree `pid` heads into `dest`; it goes on serving.
-    Its manifest (with the phases' seconds)."""
+    Its manifest (with the phases' seconds). `token`: what the instance's gate lets through (the
+    restored tree's gate asks for it again, so the manifest keeps it)."""
     t = timings or Timings()
     drv = Driver()
-    reference = reference_answer(port, model)
+    reference = reference_answer(port, model, token=token)
     t.mark("reference")
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -345,7 +371,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
     gpus: list[int] = []
     held_memory: dict[str, dict[str, Any]] = {}
     try:
-        _post(port, "/sleep?level=1", None, 300)
+        _post(port, "/sleep?level=1", None, 300, token)
         t.mark("sleep")
         try:
             gpus = gpu_processes(pid, drv)
@@ -380,11 +406,12 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
                 with contextlib.suppress(Exception):
                     drv.unlock(p)
             t.mark("cuda_resume")
-            _post(port, "/wake_up", None, 300)
+            _post(port, "/wake_up", None, 300, token)
             t.mark("wake_up")
         files = _files(tmp / IMAGES)
         manifest = {"schema": SCHEMA, "key": key, "pid": pid, "gpu_pids": gpus, "port": port,
                     "model": model, "reference": reference, "stdio": stdio(pid), "files": files,
+                    "token": token,
                     "memory": held_memory,
                     "bytes": sum(files.values()),
                     "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -420,7 +447,7 @@ def kill_tree(pid: int, wait_s: float = 60, pids: list[int] | None = None) -> li
     return left
 
 
-def restore(dest: Path, key: dict[str, str], criu: str, timings: Timings | None = None,
+def restore(dest: Path, key: dict[str, str], criu: str | Criu, timings: Timings | None = None,
             stdout: int | None = None, compare: bool = True) -> int:
     """Restore the instance checkpointed at `dest`: the pid heading its tree, serving and woken,
     once it has given its reference answer again. CheckpointRefused otherwise, nothing of it
@@ -441,9 +468,10 @@ def restore(dest: Path, key: dict[str, str], criu: str, timings: Timings | None 
             drv.unlock(p)
         t.mark("cuda_restore")
         port, model = int(manifest["port"]), str(manifest["model"])
-        _post(port, "/wake_up", None, 300)
+        token = str(manifest.get("token", ""))
+        _post(port, "/wake_up", None, 300, token)
         t.mark("wake_up")
-        answer = reference_answer(port, model)
+        answer = reference_answer(port, model, token=token)
         t.mark("first_answer")
         if compare and answer != manifest["reference"]:
             raise CheckpointRefused(f"the restored instance answered {answer!r}, "

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import __doc__ as USAGE
-from . import notify
+from . import notify, unit_checkpoint
 from .anatomy import anatomy, journal_lines, ready, status
 from .banner import Machine, motd
 from .bundle import BundleError, NothingCompiled, check, describe, install, machine_key, make, seal
@@ -86,6 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--router-port", type=int, required=True, help="the router's loopback port")
     p.add_argument("--tls-mode-file", required=True, help="where a machine's TLS mode is chosen")
     p.add_argument("--acme-conf", required=True, help="where an ACME certificate's domain is set")
+    p = sub.add_parser("checkpoint", help="beside a start of an instance that checkpoints "
+                       "(serving.checkpoint; root): restore its checkpoint, or take one once the "
+                       "cold start answers, and say which to the start's main process")
+    p.add_argument("instance")
+    for name, what in (("units", "the units' folder"), ("store", "the checkpoints' folder"),
+                       ("run", "where the word to the main process and the gate's flag go")):
+        p.add_argument(f"--{name}", type=Path, required=True, help=what)
+    p.add_argument("--criu", required=True, help="CRIU's binary")
+    p.add_argument("--pid", type=int, default=0, help="the start's main process (without "
+                   "systemd; default: vllm@INSTANCE's MainPID)")
+    p.add_argument("--start-timeout-s", type=float, default=1800.0)
+    p = sub.add_parser("follow", help="stand for a restored instance (not this process's child) "
+                       "until it exits, handing it the stop signals")
+    p.add_argument("pid", type=int)
     p = sub.add_parser("phases", help="a start's phases from `journalctl -o short-monotonic`")
     p.add_argument("--since-monotonic", type=float, default=0.0)
     p.add_argument("--ready-s", type=float)
@@ -169,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "motd":
             print(motd(args.endpoint, Machine(args.tier, args.instance, args.router_port,
                                               args.tls_mode_file, args.acme_conf)), end="")
+        elif args.cmd == "checkpoint":
+            return unit_checkpoint.helper(args.instance, args.units, args.store, args.run,
+                                          args.criu, args.pid, args.start_timeout_s)
+        elif args.cmd == "follow":
+            return unit_checkpoint.follow(args.pid)
         elif args.cmd == "phases":
             lines = journal_lines(sys.stdin.read(), args.since_monotonic)
             print(json.dumps(anatomy(lines, args.ready_s)))

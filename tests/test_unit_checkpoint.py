@@ -1,0 +1,244 @@
+"""serving.checkpoint on the image (inference_image.startup.unit_checkpoint, the plugin's gate,
+the render): what the profile refuses, what the render writes, the gate that keeps clients out
+until the helper opens it, the follower, and a real inference-run beside its real helper falling
+back to a cold start, saying why, where there is no usable checkpoint or no GPU to take one on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, free_port
+
+from inference_image.bounded_http import fetch
+from inference_image.profiles import ProfileErrors, resolve
+from inference_image.render import CHECKPOINT_ENV, CHECKPOINT_GATE, PATHS, render
+from inference_image.startup import checkpoint, unit_checkpoint
+
+sys.path.insert(0, str(ROOT / "plugins" / "vllm"))
+from inference_image_vllm.gate import Gate
+
+CHECKPOINTS = {"serving.checkpoint": "true", "serving.engine_process": "spawn"}
+
+
+def _resolved(tier: str = "h100", **sets: str) -> Any:
+    return resolve(tier, overrides=[f"{k}={v}" for k, v in sets.items()])
+
+
+@pytest.mark.parametrize(("tier", "sets", "names"), [
+    ("cpu", {"serving.checkpoint": "true"}, "the cpu tier has none"),
+    ("h100", {"serving.checkpoint": "true", "serving.engine_process": "fork"},
+     "serving.engine_process: spawn"),
+    ("h200x8", CHECKPOINTS, "one GPU on one machine"),
+])
+def test_a_profile_that_cannot_checkpoint_is_refused_naming_the_field(
+        tier: str, sets: dict[str, str], names: str) -> None:
+    with pytest.raises(ProfileErrors) as exc:
+        _resolved(tier, **sets)
+    assert "serving.checkpoint" in str(exc.value) and names in str(exc.value)
+
+
+def test_the_render_of_a_tier_that_checkpoints_has_its_helper_gate_and_kernel_setting(
+        tmp_path: Path) -> None:
+    r = _resolved(**CHECKPOINTS)
+    render(r, tmp_path / "on")
+    render(_resolved(), tmp_path / "off")
+    on, off = tmp_path / "on", tmp_path / "off"
+    args = (on / "etc/inference-image/units/vllm-0.args").read_text().splitlines()
+    assert "--enable-sleep-mode" in args and args[args.index("--middleware") + 1] == CHECKPOINT_GATE
+    env = (on / "etc/inference-image/units/vllm-0.env").read_text().splitlines()
+    assert {f"{k}={v}" for k, v in CHECKPOINT_ENV.items()} <= set(env)
+    helper = (on / "etc/systemd/system/inference-checkpoint@.service").read_text()
+    assert f"--store {PATHS['checkpoints']} --run {PATHS['checkpoint_run']} " \
+           f"--criu {PATHS['criu']}" in helper and "BindsTo=vllm@%i.service" in helper
+    unit = (on / "etc/systemd/system/vllm@.service").read_text()
+    assert "ExecStartPre=+/bin/systemctl start --no-block inference-checkpoint@%i.service" in unit
+    assert f"-{PATHS['checkpoints']}" in unit
+    tmpfiles = (on / "etc/tmpfiles.d/inference-checkpoint.conf").read_text()
+    assert f"d {PATHS['checkpoints']} 0700 root root -" in tmpfiles
+    extra = json.loads((on / "ansible/extra-vars.json").read_text())
+    assert extra["checkpoint_enabled"] is True and extra["checkpoint_store"] == PATHS["checkpoints"]
+    assert extra["base_sysctl_extra"] == {"kernel.io_uring_disabled": 2}
+    assert json.loads((off / "ansible/extra-vars.json").read_text())["base_sysctl_extra"] == {}
+    # a tier that does not checkpoint is rendered as before
+    assert not (off / "etc/systemd/system/inference-checkpoint@.service").exists()
+    assert "--middleware" not in (off / "etc/inference-image/units/vllm-0.args").read_text()
+    assert "checkpoint" not in (off / "etc/systemd/system/vllm@.service").read_text()
+    assert _resolved().digest == resolve("h100").digest
+    assert r.digest != _resolved().digest
+
+
+def _call(gate: Gate, path: str = "/health", token: str = "") -> tuple[int, dict[bytes, bytes]]:
+    """One HTTP request through the gate (ASGI); its status and headers."""
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    gate.app = app
+    headers = [(b"x-inference-checkpoint", token.encode())] if token else []
+    asyncio.run(gate({"type": "http", "path": path, "headers": headers}, receive, send))
+    return sent[0]["status"], dict(sent[0].get("headers", []))
+
+
+def test_the_gate_answers_503_to_all_but_the_token_until_its_flag_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flag = tmp_path / "vllm-0.open"
+    monkeypatch.setenv("INFERENCE_CHECKPOINT_TOKEN", "s3cret")
+    monkeypatch.setenv("INFERENCE_CHECKPOINT_GATE", str(flag))
+    gate = Gate(None)  # type: ignore[arg-type]
+    status, headers = _call(gate)
+    assert status == 503 and headers[b"retry-after"] == b"5"
+    assert _call(gate, "/v1/chat/completions", token="s3cre")[0] == 503
+    assert _call(gate, "/v1/completions", token="s3cret")[0] == 200
+    flag.touch()
+    assert _call(gate, "/v1/chat/completions")[0] == 200
+    flag.unlink()
+    assert _call(gate)[0] == 200  # open once opened: the flag is read until then only
+    monkeypatch.delenv("INFERENCE_CHECKPOINT_TOKEN")
+    assert _call(Gate(None))[0] == 200  # type: ignore[arg-type]  # no token: no gate
+
+
+def test_the_follower_hands_a_stop_to_the_restored_tree_and_ends_with_it() -> None:
+    tree = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    follower = subprocess.Popen([sys.executable, "-c", "import sys; from inference_image.startup"
+                                 " import unit_checkpoint as u; sys.exit(u.follow(int(sys.argv[1"
+                                 "])))", str(tree.pid)], stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    assert follower.poll() is None
+    follower.send_signal(signal.SIGTERM)
+    assert tree.wait(10) == -signal.SIGTERM
+    _, err = follower.communicate(timeout=10)
+    assert follower.returncode == 0 and f"(pid {tree.pid}) exited" in err
+
+
+def test_a_follower_of_no_process_says_so() -> None:
+    assert unit_checkpoint.follow(2**22 + 7) == 1
+
+
+# A stand-in for vLLM's API server behind the plugin's real gate: /health and /v1/completions
+# answer 200, every answer noted (its status and whether the gate's flag existed then).
+STANDIN = r'''
+import asyncio, http.server, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from inference_image_vllm.gate import Gate
+port = int(sys.argv[sys.argv.index("--port") + 1])
+log = open(os.environ["STANDIN_LOG"], "a")
+
+async def app(scope, receive, send):
+    body = b'{"choices": [{"text": " same"}]}'
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+gate = Gate(app)
+
+class H(http.server.BaseHTTPRequestHandler):
+    def _serve(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        got = []
+        async def receive():
+            return {"type": "http.request", "body": b""}
+        async def send(m):
+            got.append(m)
+        scope = {"type": "http", "path": self.path, "headers": [
+            (k.lower().encode(), v.encode()) for k, v in self.headers.items()]}
+        asyncio.run(gate(scope, receive, send))
+        status = got[0]["status"]
+        log.write(json.dumps([self.path, status, "X-Inference-Checkpoint" in self.headers,
+                              os.path.exists(os.environ.get("INFERENCE_CHECKPOINT_GATE", "/-"))])
+                  + "\n")
+        log.flush()
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(b"".join(m.get("body", b"") for m in got[1:]))
+    do_GET = do_POST = _serve
+    def log_message(self, *a):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="inference-run starts the helper only as root")
+@pytest.mark.parametrize("state", ["none", "stale"])
+def test_inference_run_starts_cold_behind_its_gate_saying_why_when_it_cannot_restore(
+        tmp_path: Path, state: str) -> None:
+    """The render's own inference-run, as root without systemd, starts its own helper; with no
+    checkpoint (or a stale one, which goes) and no GPU to take one on, the helper says so, the
+    instance starts behind its gate, and the gate opens: no client was answered before."""
+    port = free_port()
+    rdir = tmp_path / "render"
+    render(_resolved(**CHECKPOINTS), rdir)
+    units = rdir / PATHS["units"].lstrip("/")
+    args = units / "vllm-0.args"
+    lines = args.read_text().splitlines()
+    lines[lines.index("--port") + 1] = str(port)
+    args.write_text("\n".join(lines) + "\n")
+    (tmp_path / "standin.py").write_text(STANDIN)
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/bash\nif [[ $1 == -m && $2 == vllm.* ]]; then shift 2; exec '
+                  f'{sys.executable} {tmp_path}/standin.py {ROOT}/plugins/vllm "$@"; fi\n'
+                  f'exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = rdir / PATHS["checkpoints"].lstrip("/")
+    if state == "stale":
+        (store / "vllm-0" / checkpoint.IMAGES).mkdir(parents=True)
+        (store / "vllm-0" / checkpoint.MANIFEST).write_text(json.dumps({
+            "schema": checkpoint.SCHEMA, "key": {"driver": "1.0"}, "files": {"a": 1},
+            "reference": "x", "pid": 4242}))
+    log = tmp_path / "standin.jsonl"
+    env = {**os.environ, "INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": str(py),
+           "INFERENCE_CRIU": "/bin/true", "INFERENCE_CACHE": str(cache),
+           "TMPDIR": str(tmp_path / "tmp"), "MODEL_PATH": str(tmp_path), "DRAFT_PATH": "d",
+           "INFERENCE_HOST": "127.0.0.1", "STANDIN_LOG": str(log)}
+    env.pop("INVOCATION_ID", None)
+    proc = subprocess.Popen([str(rdir / "usr/local/bin/inference-run"), "vllm-0"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    run = rdir / PATHS["checkpoint_run"].lstrip("/")
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "vllm-0.open").exists() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):  # a client knocking while the gate is closed
+                fetch(f"http://127.0.0.1:{port}/health", deadline_s=2)
+            time.sleep(0.1)
+        assert (run / "vllm-0.open").exists(), "the helper never opened the gate"
+        assert fetch(f"http://127.0.0.1:{port}/v1/completions", deadline_s=5, method="POST",
+                     body=b"{}").status == 200
+        word = (run / "vllm-0.word").read_text().split()
+        assert word[:2] == [str(proc.pid), "cold"] and len(word[2]) == 32
+        assert oct((run / "vllm-0.word").stat().st_mode & 0o777) == "0o400"
+        time.sleep(1)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    said = unit_checkpoint.said(out.splitlines())
+    why = "no checkpoint at" if state == "none" else "stale: "
+    assert any("starts without its checkpoint: " + why in x and (state == "none" or (
+        "driver is 'none' here, '1.0' in the checkpoint" in x and x.endswith("; removed")))
+        for x in said), out
+    assert any("serves without a checkpoint: taking one failed: no CUDA driver" in x
+               for x in said), out
+    assert not store.joinpath("vllm-0").exists()  # the stale one is gone, none half-written
+    answers = [json.loads(x) for x in log.read_text().splitlines()]
+    # the helper's own requests passed the closed gate; no other was answered before it opened
+    assert any(token and status == 200 and not opened for _, status, token, opened in answers)
+    assert all(status == 503 for _, status, token, opened in answers if not token and not opened)
