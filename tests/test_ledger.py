@@ -142,8 +142,16 @@ def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() 
              *ready_chart.starts(59, "d", proof(False, False))]
     rows = ready_chart.newest(found)
     assert [(s.run, s.state, s.name()) for s in rows] == [
-        (60, "cold", "image, cold (a)"), (62, "cold", "image + sleep mode, cold (c)"),
-        (62, "checkpoint", "image + sleep mode, checkpoint (c)")]
+        (60, "cold", "image, cold (a)"), (62, "cold", "image + checkpoint, cold (c)"),
+        (62, "checkpoint", "image + checkpoint, checkpoint (c)")]
+    # a tier that ships without serving.checkpoint, --set to restore its own checkpoint: charted
+    # among the restored starts; any other --set is a variant, and left out
+    for run, sets in ((63, ["serving.checkpoint=true", "serving.engine_process=spawn"]),
+                      (64, ["serving.checkpoint=true", "serving.max_num_seqs=8"])):
+        found += ready_chart.starts(run, "e", {**proof(True, True),
+                                               "commands": {"h100": {"sets": sets}}})
+    assert [(s.run, s.state) for s in ready_chart.newest(found)][1:] == [
+        (63, "cold"), (63, "checkpoint")]
     table = ready_chart.table(rows)
     head = table.splitlines()[0]
     assert "criu_restore" in head and "cuda_restore" not in head

@@ -242,3 +242,16 @@ def test_inference_run_starts_cold_behind_its_gate_saying_why_when_it_cannot_res
     # the helper's own requests passed the closed gate; no other was answered before it opened
     assert any(token and status == 200 and not opened for _, status, token, opened in answers)
     assert all(status == 503 for _, status, token, opened in answers if not token and not opened)
+
+
+def test_the_lab_reads_a_restored_start_s_phases_from_its_helper_s_line() -> None:
+    from inference_lab.proof_ready import restored_phases
+    timings = checkpoint.Timings()
+    timings.phases = [("validate", 0.02), ("criu_restore", 9.4), ("cuda_restore", 2.1),
+                      ("wake_up", 0.5), ("first_answer", 0.1)]
+    line = (f"inference-checkpoint: vllm-0: restored in 12.1 s, its reference answer as before "
+            f"({unit_checkpoint.phases_line(timings.phases)}); head pid 1319")
+    assert unit_checkpoint.said(["x " + line]) == [line]
+    assert restored_phases(line, 12.6, 12.67) == [
+        ["unit_start", 0.5], ["validate", 0.0], ["criu_restore", 9.4], ["cuda_restore", 2.1],
+        ["wake_up", 0.5], ["reference_answer", 0.1], ["first_answer", 0.07]]

@@ -32,7 +32,7 @@ from typing import Any
 
 from inference_image import startup
 from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
-from inference_image.startup import checkpoint
+from inference_image.startup import checkpoint, unit_checkpoint
 
 from .proof_machine import start
 from .proof_plan import (
@@ -112,6 +112,31 @@ class Restored:
             print(f"[restored] pids {taken} still taken after the restored tree was killed",
                   flush=True)
         time.sleep(2)  # the engine process lets go of GPU memory after its parent
+
+
+def reap_orphans() -> list[int]:
+    """Wait for this process's exited children: as a subreaper it inherits what a restore left
+    (the restored tree's processes, the helper), and a restore needs their pids free again."""
+    reaped = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if not pid:
+            return reaped
+        reaped.append(pid)
+
+
+def restored_phases(said: str, ready_s: float, answered_s: float) -> list[list[Any]]:
+    """A restored start's phases from its helper's line: the unit's start up to the restore
+    (inference-run, the helper's own start, the key), the restore's phases, its reference answer,
+    then the lab's first answer."""
+    got = [(n, float(x)) for n, x in re.findall(r"(\w+) ([\d.]+) s", said.split("(", 1)[-1])
+           if n in checkpoint.RESTORE_PHASES]
+    helper = [("reference_answer" if n == "first_answer" else n, x) for n, x in got]
+    return [["unit_start", round(max(0.0, ready_s - sum(x for _, x in helper)), 2)],
+            *([n, x] for n, x in helper), ["first_answer", round(answered_s - ready_s, 2)]]
 
 
 def drop_page_cache() -> bool:
@@ -274,7 +299,20 @@ class ReadySteps:
             self.results["bytecode"] = compile_bytecode(
                 self.python, os.environ.get("PROOF_SITE", "/tmp/site"))
         restores = bool(set(RESTORED) & set(starts))
-        if restores:
+        # a render with serving.checkpoint takes and restores its checkpoints itself (its
+        # inference-run starts the root helper where there is no systemd): its restored starts
+        # are starts like the others, timed from the process start
+        by_unit = restores and not step.vanilla and self.step_resolved(step).profile.serving \
+            .checkpoint
+        if by_unit:
+            if step.acceptance_length or step.acceptance_rates or step.published_acceptance:
+                raise ProofError(f"{label}: a render that checkpoints compares its reference "
+                                 "answer after a restore, which synthetic acceptance draws: run "
+                                 "its ready starts without an acceptance")
+            env = {**env, "INFERENCE_CRIU": criu_bin()}
+            # the restored trees' processes become this process's once CRIU exits
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        elif restores:
             env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
                 (env.get("INFERENCE_EXTRA_ARGS", ""), CHECKPOINT_ARGS)).strip()}
         record = self.results.setdefault("ready", {}).setdefault(label, {})
@@ -282,14 +320,14 @@ class ReadySteps:
         # quite as it ships; the ledger shows such starts only beside a restored one
         record.update({"cache": str(root), "python": python, "image_paths": step.image_paths,
                        "vanilla": step.vanilla, "argv": " ".join(argv),
-                       "sleep_mode": restores})
+                       "sleep_mode": restores, "checkpoint_by_unit": by_unit})
         # the starts in the order they ran, over calls (proof.json sorts its keys)
         record["order"] = [*[s for s in record.get("order", []) if s not in starts], *starts]
         runs = record.setdefault("starts", {})
         bundle = Path(step.bundle) if step.bundle else None
         taken: tuple[Path, dict[str, str]] | None = None
         for i, state in enumerate(starts):
-            if state in RESTORED:
+            if state in RESTORED and not by_unit:
                 if taken is None:
                     raise ProofError(f"{label}: no checkpoint was taken before its restore")
                 runs[state] = {}  # nothing of an earlier call's restore kept
@@ -323,7 +361,7 @@ class ReadySteps:
                 entry["inspected"] = self._inspect(profile_json.parent / "units", argv[-1],
                                                    {**(image_environ() if step.image_paths
                                                        else os.environ), **env})
-            if state in ("cold", *BUNDLED):
+            if state in ("cold", "checkpoint", *BUNDLED):
                 entry["page_cache_dropped"] = drop_page_cache()
             if state == "readahead":
                 entry["readahead"] = self._read_ahead(env)
@@ -350,7 +388,10 @@ class ReadySteps:
                 if TRITON_RECORD_ENV in senv:
                     self._record_triton(label, recording, python, env, record)
                 checkpointed = bool(set(RESTORED) & set(starts[i + 1:i + 2]))
-                if checkpointed:
+                if by_unit:
+                    self._unit_said(label, state, lines, Path(env["INFERENCE_ROOT"]),
+                                    argv[-1], entry)
+                elif checkpointed:
                     taken = self._take(label, argv[-1], srv.proc.pid, port, model, root,
                                        profile_json, entry)
                 # the server a checkpoint was taken from benches too (after its dump and wake):
@@ -363,6 +404,14 @@ class ReadySteps:
             finally:
                 self._phase("stopping the server")
                 srv.stop()
+                if by_unit:
+                    # the restored tree is not the server's process group: gone for sure, and
+                    # its pids free for the next restore
+                    for _, line in lines:
+                        if m := re.search(r"inference-checkpoint: .*: restored in .*; head pid "
+                                          r"(\d+)", line):
+                            checkpoint.kill_tree(int(m[1]))
+                    reap_orphans()
                 # each log line with the second it arrived after the process start: where a
                 # phase's time goes, finer than vLLM's own one-second stamps
                 (self.work / "logs" / f"{label}-{state}.times.json").write_text(
@@ -386,6 +435,28 @@ class ReadySteps:
                                                         if k in ("PYTHONPATH",)})
             print(f"[{label}] import {IMPORT_MODULE}: {record['imports']['wall_s']} s; "
                   f"{record['imports']['top_cumulative_s'][:5]}", flush=True)
+
+    def _unit_said(self, label: str, state: str, lines: list[tuple[float, str]], rdir: Path,
+                   instance: str, entry: dict[str, Any]) -> None:
+        """What the render's checkpoint helper said of a start (taken, restored, or why not),
+        with the checkpoint's size and phases; a restored start that was not restored fails."""
+        said = unit_checkpoint.said([line for _, line in lines])
+        entry["checkpoint_said"] = said
+        mf = rdir / PATHS["checkpoints"].lstrip("/") / instance / checkpoint.MANIFEST
+        m = json.loads(mf.read_text()) if mf.is_file() else {}
+        if m:
+            entry["checkpoint"] = {"phases": m["phases"], "files": len(m["files"]),
+                                   "mib": round(m["bytes"] / 2**20, 1),
+                                   "memory": m["memory"]}
+        print(f"[{label}] {state}: " + " | ".join(said or ["the helper said nothing"]),
+              flush=True)
+        restored = next((x for x in said if ": restored in " in x), "")
+        if state in RESTORED and not restored:
+            raise ProofError(f"{label}: the {state} start was not restored: "
+                             f"{' | '.join(said) or 'the helper said nothing'}")
+        if restored and "ready_s" in entry:
+            # vLLM's log marks no phase of a restored start: the helper's own
+            entry["phases"] = restored_phases(restored, entry["ready_s"], entry["answered_s"])
 
     def _take(self, label: str, instance: str, pid: int, port: int, model: str, root: Path,
               profile_json: Path | None, entry: dict[str, Any]) -> tuple[Path, dict[str, str]]:

@@ -14,9 +14,12 @@ from inference_image.startup.checkpoint import RESTORE_PHASES
 from .proof_plan import READY_STARTS, RESTORED
 
 # the phases in the order a start passes them (a stacked bar's segments, left to right); a
-# restored checkpoint's phases before the first answer both share
-ORDER = (*(p for p in PHASES.values() if p != "first_answer"),
-         *(p for p in RESTORE_PHASES if p != "first_answer"), "first_answer")
+# restored checkpoint's phases before the first answer both share (a start restored by its own
+# unit's helper: from the unit's start to the restore, and the reference answer before the gate
+# opens: proof_ready.restored_phases)
+ORDER = (*(p for p in PHASES.values() if p != "first_answer"), "unit_start",
+         *(p for p in RESTORE_PHASES if p != "first_answer"), "reference_answer",
+         "first_answer")
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Start:
     sleep_mode: bool = False
 
     def name(self) -> str:
-        what = "vanilla vLLM" if self.vanilla else "image + sleep mode" if self.sleep_mode \
+        what = "vanilla vLLM" if self.vanilla else "image + checkpoint" if self.sleep_mode \
             else "image"
         return f"{what}, {self.state} ({self.machine})"
 
@@ -41,6 +44,9 @@ class Start:
 # a step's --set of these only places the servers (GPUs, ports): the render still as it ships
 PLACEMENT = ("serving.gpu_ids=", "serving.base_port=", "router.internal_port=",
              "router.metrics_port=")
+# what a server restored from its checkpoint runs with, --set on a tier that ships without it: a
+# start of it is charted among the restored ones, not dropped as a variant
+CHECKPOINTED = ("serving.checkpoint=true", "serving.engine_process=spawn")
 
 
 def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
@@ -54,7 +60,8 @@ def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
         if rec.get("sleep_mode") and not any("answered_s" in e for e in restored):
             continue
         sets = (commands.get(label) or {}).get("sets") or ()
-        if not all(str(x).startswith(PLACEMENT) for x in sets):
+        if not all(str(x).startswith(PLACEMENT) or (rec.get("sleep_mode") and x in CHECKPOINTED)
+                   for x in sets):
             continue
         for state in rec.get("order", []):
             e = (rec.get("starts") or {}).get(state) or {}
