@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit checkpoint-units evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help verify image image-guard image-inputs packer-validate boot boot-stop e2e clean
 
 ##@ Start here
@@ -39,7 +39,7 @@ $(BIN)/.installed: requirements.txt pyproject.toml
 setup: $(BIN)/.installed ## create .venv with the pinned Python tools and the inference-image CLI
 
 ##@ Test
-test: unit molecule molecule-gpu ## unit tests, the whole playbook in a systemd container, the driver role's user space
+test: unit molecule molecule-gpu checkpoint-units ## unit tests, the whole playbook in a systemd container, the driver role's user space, the checkpoint's units
 
 unit: setup ## unit tests (exit code 5, no tests collected, fails too)
 	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q tests || rc=$$?; \
@@ -54,6 +54,10 @@ molecule-image: setup ## the Debian 12 systemd container image molecule runs (fr
 	@for t in podman runc mmdebstrap; do command -v $$t >/dev/null || \
 	  { echo "make molecule: $$t is missing: apt-get install podman runc mmdebstrap (or run .ci/run)" >&2; exit 1; }; done
 	scripts/make-rootfs build/rootfs/debian12-systemd.tar --import $(MOLECULE_IMAGE)
+
+checkpoint-units: molecule-image ## serving.checkpoint's units (the root helper, the gate, the word) under systemd in the molecule image, no GPU
+	@rc=0; INFERENCE_SYSTEMD_IMAGE=$(MOLECULE_IMAGE) $(BIN)/pytest -q tests/test_checkpoint_units.py || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make checkpoint-units: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 molecule-inputs: molecule-image ## the cpu render and the air-gapped wheelhouses the molecule scenario installs
 	$(BIN)/inference-image render --profile cpu --out build/cpu

@@ -107,12 +107,18 @@ def test_the_gate_answers_503_to_all_but_the_token_until_its_flag_exists(
     assert status == 503 and headers[b"retry-after"] == b"5"
     assert _call(gate, "/v1/chat/completions", token="s3cre")[0] == 503
     assert _call(gate, "/v1/completions", token="s3cret")[0] == 200
+    assert _call(gate, "/sleep", token="s3cret")[0] == 200
     flag.touch()
     assert _call(gate, "/v1/chat/completions")[0] == 200
     flag.unlink()
     assert _call(gate)[0] == 200  # open once opened: the flag is read until then only
+    # vLLM's dev routes need the token, open or not
+    assert [_call(gate, path)[0] for path in ("/sleep", "/collective_rpc", "/wake_up/")] == \
+        [403, 403, 403]
+    assert _call(gate, "/collective_rpc", token="s3cret")[0] == 200
     monkeypatch.delenv("INFERENCE_CHECKPOINT_TOKEN")
-    assert _call(Gate(None))[0] == 200  # type: ignore[arg-type]  # no token: no gate
+    no_gate = Gate(None)  # type: ignore[arg-type]
+    assert _call(no_gate)[0] == 200 and _call(no_gate, "/sleep")[0] == 403
 
 
 def test_the_follower_hands_a_stop_to_the_restored_tree_and_ends_with_it() -> None:
@@ -139,7 +145,7 @@ import asyncio, http.server, json, os, sys
 sys.path.insert(0, sys.argv[1])
 from inference_image_vllm.gate import Gate
 port = int(sys.argv[sys.argv.index("--port") + 1])
-log = open(os.environ["STANDIN_LOG"], "a")
+log = open(os.environ.get("STANDIN_LOG", os.environ["INFERENCE_CACHE"] + "/standin.jsonl"), "a")
 
 async def app(scope, receive, send):
     body = b'{"choices": [{"text": " same"}]}'

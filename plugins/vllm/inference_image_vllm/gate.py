@@ -6,7 +6,10 @@ checkpoint is so taken before any client's request, and a restored instance serv
 has given its reference answer again.
 
 inference-run sets INFERENCE_CHECKPOINT_TOKEN and INFERENCE_CHECKPOINT_GATE (the flag file the
-helper makes to open it) from the helper's word; without both the gate is open."""
+helper makes to open it) from the helper's word; without both the gate is open. vLLM's dev routes,
+which a checkpoint needs (VLLM_SERVER_DEV_MODE: /sleep, /wake_up and the rest), answer 403 to any
+request without the token, open or not: a checkpoint needs them only while the gate is closed, and
+/collective_rpc runs a method of the engine's workers by name."""
 
 from __future__ import annotations
 
@@ -23,6 +26,14 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 HEADER = b"x-inference-checkpoint"
 RETRY_AFTER_S = 5
+# vLLM 0.26's dev routes (vllm/entrypoints/serve/dev/)
+DEV_ROUTES = frozenset({
+    "/abort_requests", "/collective_rpc", "/finish_weight_update", "/get_world_size",
+    "/init_weight_transfer_engine", "/is_paused", "/is_sleeping", "/pause",
+    "/reset_encoder_cache", "/reset_mm_cache", "/reset_prefix_cache", "/resume", "/server_info",
+    "/sleep", "/start_draft_weight_update", "/start_weight_update", "/update_weights",
+    "/wake_up"})
+FORBIDDEN = b'{"error": {"message": "not served", "type": "forbidden", "code": 403}}'
 BODY = (b'{"error": {"message": "the instance is starting (its checkpoint is being taken or '
         b'restored)", "type": "unavailable", "code": 503}}')
 
@@ -36,21 +47,30 @@ class Gate:
         # for the flag, which the helper of each start removes before it restores
         self.open = not (self.token and self.flag)
 
-    def _passes(self, scope: Scope) -> bool:
-        if self.open or scope["type"] != "http":
-            return True
+    def _status(self, scope: Scope) -> int:
+        """0 where the request passes, else the status it gets."""
+        if scope["type"] != "http":
+            return 0
+        sent = next((v for k, v in scope.get("headers", ()) if k == HEADER), b"")
+        holds = bool(self.token) and hmac.compare_digest(sent, self.token)
+        if str(scope.get("path", "")).rstrip("/") in DEV_ROUTES:
+            return 0 if holds else 403
+        if self.open or holds:
+            return 0
         if os.path.exists(self.flag):
             self.open = True
-            return True
-        sent = next((v for k, v in scope.get("headers", ()) if k == HEADER), b"")
-        return hmac.compare_digest(sent, self.token)
+            return 0
+        return 503
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._passes(scope):
+        status = self._status(scope)
+        if not status:
             await self.app(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 503,
+        body = BODY if status == 503 else FORBIDDEN
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"retry-after", str(RETRY_AFTER_S).encode()),
-                                (b"content-length", str(len(BODY)).encode())]})
-        await send({"type": "http.response.body", "body": BODY})
+                                *([(b"retry-after", str(RETRY_AFTER_S).encode())]
+                                  if status == 503 else []),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

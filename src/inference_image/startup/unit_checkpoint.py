@@ -169,8 +169,9 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
             f"({exc})")
         write_word(run, instance, pid, "cold -", units / f"{instance}.env")
         return 0
-    if "CUDA_VISIBLE_DEVICES" in env:  # the key names the instance's GPUs
-        os.environ["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+    # the key reads the instance's environment as inference-run exports it (its GPUs, its vLLM,
+    # its models)
+    os.environ.update(env)
     # CRIU works inside the start's mount namespace (its sandbox) and, under systemd, puts what
     # it restores into the start's cgroup (the unit's)
     criu = Criu(criu_bin, ("nsenter", "-t", str(pid), "-m", "--"), cgroups=systemd)
