@@ -188,8 +188,9 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         if not key or not shutil.which(criu_bin):
             raise CheckpointRefused(f"no CRIU at {criu_bin}" if key else "no key")
         head = checkpoint.restore(dest, key, criu, t, stdout=main_stream(pid))
-    except CheckpointRefused as exc:
-        why = str(exc)
+    except Exception as exc:  # whatever went wrong, the start goes on cold, saying why
+        why = str(exc) if isinstance(exc, CheckpointRefused) else \
+            f"restore failed: {type(exc).__name__}: {exc}"
         if dest.exists() and not why.startswith("no checkpoint at"):
             shutil.rmtree(dest, ignore_errors=True)
             why += "; removed"
@@ -211,7 +212,7 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         t = Timings()
         try:
             m = checkpoint.take(pid, port, model, dest, key, criu, t, token=token)
-        except (CheckpointRefused, OSError, RuntimeError) as exc:
+        except Exception as exc:  # the instance serves on whatever happened
             say(instance, f"serves without a checkpoint: taking one failed: {str(exc)[:600]}")
         else:
             say(instance, f"checkpoint taken before any request: {m['bytes'] / 2**20:,.0f} MiB "
