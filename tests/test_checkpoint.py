@@ -401,7 +401,7 @@ def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
         with pytest.raises(CheckpointRefused, match=r"^criu restore did not finish in 5 s"):
             checkpoint.restore_tree(dest, manifest, criu)
         assert time.monotonic() - t0 < 30
-        assert not [p for p in pids if checkpoint._alive(p)]
+        assert not [p for p in pids if checkpoint.alive(p)]
     finally:
         for p in pids:
             with contextlib.suppress(OSError):

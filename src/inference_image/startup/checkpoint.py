@@ -425,7 +425,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
     return manifest
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """The pid is a process that has not exited (a zombie is its parent's to reap)."""
     try:
         return stat_fields(pid)[0] != "Z"
@@ -442,7 +442,7 @@ def kill_tree(pid: int, wait_s: float = 60, pids: list[int] | None = None) -> li
         with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 

@@ -105,21 +105,11 @@ def answers(port: int, token: str) -> bool:
     return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def wait_answering(port: int, token: str, pid: int, wait_s: float) -> bool:
     """Until the cold start answers /health through its gate; False if its process went first or
     it did not in time."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and checkpoint.alive(pid):
         if answers(port, token):
             return True
         time.sleep(1)
