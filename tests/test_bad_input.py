@@ -285,6 +285,33 @@ def test_headers_dripped_a_byte_at_a_time_end_the_read_at_the_deadline() -> None
         srv.shutdown()
 
 
+def test_a_server_silent_until_its_work_is_done_is_waited_for_only_when_asked() -> None:
+    """vLLM answers /collective_rpc only once its work is done (a 70B model's weights read again:
+    seconds of silence). A read waits at most `idle_s` between bytes (10 s by default), or the whole
+    deadline where the caller expects such silence."""
+    from inference_image import bounded_http
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(1.5)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = _misbehaving(Slow)
+    url = f"http://127.0.0.1:{srv.server_address[1]}/collective_rpc"
+    try:
+        with pytest.raises(OSError):
+            bounded_http.fetch(url, deadline_s=5.0, idle_s=0.5)
+        assert bounded_http.fetch(url, deadline_s=5.0, idle_s=5.0).body == b"ok"
+    finally:
+        srv.shutdown()
+
+
 def test_an_endless_answer_is_cut_at_its_cap() -> None:
     from inference_image import bounded_http
 

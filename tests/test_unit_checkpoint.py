@@ -21,11 +21,12 @@ from conftest import ROOT, free_port
 
 from inference_image.bounded_http import fetch
 from inference_image.profiles import ProfileErrors, resolve
-from inference_image.render import CHECKPOINT_ENV, CHECKPOINT_GATE, PATHS, render
+from inference_image.render import CHECKPOINT_ENV, CHECKPOINT_GATE, CHECKPOINT_RELOAD, PATHS, render
 from inference_image.startup import checkpoint, unit_checkpoint
 
 sys.path.insert(0, str(ROOT / "plugins" / "vllm"))
 from inference_image_vllm.gate import Gate
+from inference_image_vllm.reload import OWN_SEGMENT_BYTES, own_segments
 
 CHECKPOINTS = {"serving.checkpoint": "true", "serving.engine_process": "spawn"}
 
@@ -45,6 +46,86 @@ def test_a_profile_that_cannot_checkpoint_is_refused_naming_the_field(
     with pytest.raises(ProfileErrors) as exc:
         _resolved(tier, **sets)
     assert "serving.checkpoint" in str(exc.value) and names in str(exc.value)
+
+
+@pytest.mark.parametrize(("tier", "sets", "names"), [
+    ("h200", {"serving.checkpoint_weights": "files"}, "serving.checkpoint is off"),
+])
+def test_where_weights_go_is_refused_without_a_checkpoint(tier: str, sets: dict[str, str],
+                                                          names: str) -> None:
+    with pytest.raises(ProfileErrors) as exc:
+        _resolved(tier, **sets)
+    assert "serving.checkpoint_weights" in str(exc.value) and names in str(exc.value)
+
+
+def test_a_checkpoint_without_its_weights_gets_the_plugin_s_reload(tmp_path: Path) -> None:
+    """serving.checkpoint_weights: files gives vLLM the plugin's worker methods and tells the
+    helper; host (the default) renders as before."""
+    render(_resolved("h200", **CHECKPOINTS, **{"serving.checkpoint_weights": "files"}),
+           tmp_path / "files")
+    render(_resolved("h200", **CHECKPOINTS), tmp_path / "host")
+    for mode in ("files", "host"):
+        units = tmp_path / mode / "etc/inference-image/units"
+        args = (units / "vllm-0.args").read_text().splitlines()
+        assert (args[args.index("--worker-extension-cls") + 1] == CHECKPOINT_RELOAD) if \
+            mode == "files" else "--worker-extension-cls" not in args
+        assert f"INFERENCE_CHECKPOINT_WEIGHTS={mode}" in (units / "vllm-0.env").read_text()
+
+
+def test_only_segments_of_one_large_parameter_each_are_left_to_the_files() -> None:
+    """The plugin discards at the sleep only a segment that one large parameter begins and fills
+    but for torch's 2 MiB rounding: a segment shared with anything else is copied as before."""
+    big = OWN_SEGMENT_BYTES
+    storages = {0x1000: big, 0x9000_0000: 3 * big, 0x7000_0000: big // 2, 0x5000_0000: big}
+    segments = {0x1000: big, 0x9000_0000: 3 * big + 2 * 2**20 - 512,  # rounded up
+                0x7000_0000: 20 * 2**20,  # a small parameter's shared segment
+                0x5000_0000: big + 4 * 2**20,  # room for other tensors after it
+                0x3000_0000: big}  # no parameter begins it
+    assert sorted(own_segments(storages, segments)) == [0x1000, 0x9000_0000]
+
+
+def test_a_take_that_stops_its_instance_is_not_tried_again_under_the_same_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take that leaves the instance unable to serve (its weights not read back): the helper
+    stops it and notes the key, so the unit's next start serves cold, saying why, without a
+    take; another key tries again. The instance is a sleeping process, the take stood in for."""
+    units, store, run = tmp_path / "units", tmp_path / "store", tmp_path / "run"
+    units.mkdir()
+    (units / "vllm-0.env").write_text(f"INFERENCE_CACHE={tmp_path}\n"
+                                      "INFERENCE_CHECKPOINT_WEIGHTS=files\n")
+    (units / "vllm-0.args").write_text("--port\n8100\n--served-model-name\nm\n")
+    key = {"driver": "580"}
+    monkeypatch.setattr(checkpoint, "checkpoint_key", lambda *a: dict(key))
+    monkeypatch.setattr(unit_checkpoint, "wait_answering", lambda *a: True)
+    monkeypatch.setattr(unit_checkpoint.shutil, "which", lambda c: c)
+    taken: list[str] = []
+
+    def take(*_: object, weights: str, **__: object) -> dict[str, Any]:
+        taken.append(weights)
+        raise checkpoint.InstanceLost("after its weights were read back it answered 'x'")
+
+    monkeypatch.setattr(checkpoint, "take", take)
+    said: list[str] = []
+    monkeypatch.setattr(unit_checkpoint, "say", lambda inst, text: said.append(text))
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    first = start()
+    assert unit_checkpoint.helper("vllm-0", units, store, run, "criu", pid=first.pid) == 0
+    assert first.wait(timeout=10) == -9 and taken == ["files"]
+    assert said[-1].startswith("stopped: the checkpoint's take left it unable to serve")
+    second = start()
+    try:
+        unit_checkpoint.helper("vllm-0", units, store, run, "criu", pid=second.pid)
+        assert taken == ["files"] and second.poll() is None
+        assert "a take under this key stopped the instance before" in said[-1]
+        assert (run / "vllm-0.open").exists()
+        key["driver"] = "590"  # a new driver: tried again
+        unit_checkpoint.helper("vllm-0", units, store, run, "criu", pid=second.pid)
+        assert taken == ["files", "files"]
+    finally:
+        second.kill()
 
 
 def test_the_render_of_a_tier_that_checkpoints_has_its_helper_gate_and_kernel_setting(
@@ -144,6 +225,7 @@ STANDIN = r'''
 import asyncio, http.server, json, os, sys
 sys.path.insert(0, sys.argv[1])
 from inference_image_vllm.gate import Gate
+from inference_image_vllm.reload import OWN_SEGMENT_BYTES, own_segments
 port = int(sys.argv[sys.argv.index("--port") + 1])
 log = open(os.environ.get("STANDIN_LOG", os.environ["INFERENCE_CACHE"] + "/standin.jsonl"), "a")
 

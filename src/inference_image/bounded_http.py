@@ -25,10 +25,11 @@ class Answer:
 
 def fetch(url: str, *, deadline_s: float, max_bytes: int = MAX_BYTES, method: str = "GET",
           body: bytes | None = None, headers: dict[str, str] | None = None,
-          context: ssl.SSLContext | None = None) -> Answer:
+          context: ssl.SSLContext | None = None, idle_s: float = 10.0) -> Answer:
     """The answer at `url`, whole within `deadline_s` and at most `max_bytes` of body. OSError
     (TimeoutError for the deadline) names the URL and what went wrong; an HTTP error status is an
-    Answer, for the caller to judge."""
+    Answer, for the caller to judge. `idle_s`: the longest silence between two reads (a server
+    that answers only once its work is done, as vLLM's /collective_rpc does, needs its length)."""
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise OSError(f"{url!r}: not an http:// or https:// URL with a host")
@@ -39,7 +40,7 @@ def fetch(url: str, *, deadline_s: float, max_bytes: int = MAX_BYTES, method: st
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     if any(ord(ch) < 33 or ord(ch) == 127 for ch in path):
         raise OSError(f"{url!r}: a space or control character in the path")
-    per_read = min(deadline_s, 10.0)
+    per_read = min(deadline_s, idle_s)
     conn: http.client.HTTPConnection = (
         http.client.HTTPSConnection(u.hostname, port, timeout=per_read, context=context)
         if u.scheme == "https" else http.client.HTTPConnection(u.hostname, port, timeout=per_read))

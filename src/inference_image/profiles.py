@@ -149,6 +149,7 @@ class Resolved:
 DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.page_cache_prefetch": False,
                                      "serving.checkpoint": False,
+                                     "serving.checkpoint_weights": "host",
                                      "serving.cudagraph_prefill_step": None,
                                      "router.scrape": True}
 # Fields of what the image holds beside the serving stack (GPU telemetry, the firewall) or of how
@@ -595,6 +596,14 @@ def _check_layout(p: Profile, target: CatalogModel | None, err: ErrFn) -> None:
             err("serving.checkpoint", "an engine core forked from its API server keeps device "
                 "files CUDA's checkpoint cannot release", f"set serving.engine_process: spawn, "
                 f"or {fix.removeprefix('set ')}")
+        if s.checkpoint_weights == "files" and target is not None and target.local_config:
+            err("serving.checkpoint_weights", "files: vLLM reads weights again only from a "
+                "model's files, and this tier's test model has none (it is served with random "
+                "weights)", "set serving.checkpoint_weights: host")
+    elif s.checkpoint_weights != "host":
+        err("serving.checkpoint_weights", f"{s.checkpoint_weights}: says where a checkpoint's "
+            "weights are, and serving.checkpoint is off", "set serving.checkpoint: true, or drop "
+            "serving.checkpoint_weights")
     if s.nodes > 1:
         if s.instances != 1:
             err("serving.nodes", f"{s.instances} instances, but an instance over {s.nodes} nodes "

@@ -218,6 +218,10 @@ CHECKPOINT_ENV = {"INFERENCE_CHECKPOINT": "1", "VLLM_SERVER_DEV_MODE": "1",
 # the kernel setting CRIU needs of a machine whose instances checkpoint: vLLM's processes
 # otherwise hold an io_uring, which CRIU cannot write (docs/benchmarks.md#run-61)
 CHECKPOINT_SYSCTL = {"kernel.io_uring_disabled": 2}
+# the plugin's worker methods a checkpoint whose weights stay in the model's files calls: the
+# target's large weights discarded at the sleep and read again at each wake
+# (serving.checkpoint_weights: files)
+CHECKPOINT_RELOAD = "inference_image_vllm.reload.ReloadFromFiles"
 
 
 def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
@@ -276,6 +280,8 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
         # vLLM's sleep mode frees the KV cache before a checkpoint; the plugin's gate keeps every
         # request but the checkpoint's own out until it is taken or restored
         argv += ["--enable-sleep-mode", "--middleware", CHECKPOINT_GATE]
+        if s.checkpoint_weights == "files":
+            argv += ["--worker-extension-cls", CHECKPOINT_RELOAD]
     spec = m.speculative
     if spec.method != "none":
         cfg: dict[str, Any] = {"method": spec.method,
@@ -345,6 +351,8 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             # /sleep and /wake_up (vLLM's dev routes; the router and nginx pass only the OpenAI
             # routes); the engine core spawned and on the loopback, as CRIU writes it
             env.update(CHECKPOINT_ENV)
+            # the helper's take leaves the weights in the images or in the model's files
+            env["INFERENCE_CHECKPOINT_WEIGHTS"] = p.serving.checkpoint_weights
         if p.serving.engine_process == "fork":
             # vLLM's CLI spawns its engine core, which imports everything the API server
             # imported again; forked, it starts with them (docs/decisions.md#ready-time)

@@ -345,6 +345,12 @@ class Serving(Strict):
         "missing, stale or fails "
         "(docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api). GPU tiers, "
         "one GPU an instance, engine_process: spawn")
+    checkpoint_weights: Literal["host", "files"] = Field(
+        "host", description="checkpoint: where a checkpoint's weights are. host: in its images "
+        "(vLLM's sleep copies them to host memory and CRIU writes them); files: left out of them "
+        "and read again from the model's files at each restore (the target's large weights; the "
+        "draft head and the rest stay in the images), for a model whose weights would not fit "
+        "the disk twice (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)")
     page_cache_prefetch: bool = Field(
         False, description="at each start, read what a start reads (the libraries and modules "
         "the build's inspection recorded) into the page cache in the background while Python "

@@ -6,7 +6,10 @@ Taking one (the instance ready, before any client's request; so nothing of a use
 in it): the instance answers a fixed greedy request (its reference answer), sleeps (vLLM's sleep
 mode, level 1: the KV cache freed, the weights moved to host memory), is locked and checkpointed
 by CUDA, written by CRIU while it keeps running, then given its GPU back and woken. The folder
-is written beside its final name and renamed into place whole.
+is written beside its final name and renamed into place whole. With `weights="files"` the
+target's large weights are discarded at the sleep instead of written (the plugin's reload.py),
+and read again from the model's files at each wake; the instance must then give its reference
+answer again, or it is stopped (its weights are not what it served with).
 
 Restoring one: it is used only if its manifest's key is this machine's (the bundle's key, plus
 the driver's full version, the GPUs' UUIDs, the kernel, CRIU's version and the instance's unit
@@ -57,7 +60,20 @@ CRIU_COMMON = ("--tcp-established", "--file-locks", "--network-lock", "skip")
 CRIU_MIN_MIB_S = 50
 CRIU_MIN_TIMEOUT_S = 60.0
 # a restore's phases (Timings' marks), in order: what a ledger shows for a restored start
-RESTORE_PHASES = ("validate", "criu_restore", "cuda_restore", "wake_up", "first_answer")
+RESTORE_PHASES = ("validate", "criu_restore", "cuda_restore", "wake_up", "reload_weights",
+                  "first_answer")
+# where a checkpoint's weights are: in its images (host memory at the sleep), or left out and read
+# again from the model's files at each wake (serving.checkpoint_weights)
+WEIGHTS = ("host", "files")
+# the plugin's worker methods (inference_image_vllm/reload.py), called through /collective_rpc
+RELEASE_RPC = "inference_image_release_weights"
+RELOAD_RPC = "inference_image_reload_weights"
+# how long a reload from the model's files may take (a 70B model after a reboot reads its files
+# from disk)
+RELOAD_S = 900
+# the wake after a checkpoint: all of it, or (weights in the files) the weights alone, the KV
+# cache only once they are read back (reload)
+WAKE = {"host": "/wake_up", "files": "/wake_up?tags=weights"}
 # the header that takes the checkpoint's own requests through the instance's gate (the plugin's
 # gate.py) while it answers every other request 503: a checkpoint is taken before any client's
 # request, and a restored instance serves only once it has given its reference answer again
@@ -84,6 +100,11 @@ def as_criu(criu: str | Criu) -> Criu:
 
 class CheckpointRefused(Exception):
     """Why a checkpoint was not used (missing, stale, corrupt, or its restore failed)."""
+
+
+class InstanceLost(CheckpointRefused):
+    """A take that left its instance unable to serve as before (it did not wake, or its weights
+    were not read back from the model's files): its caller must stop it."""
 
 
 @dataclass
@@ -179,13 +200,28 @@ def validate(dest: Path, key: dict[str, str]) -> dict[str, Any]:
 
 def _post(port: int, path: str, body: dict[str, Any] | None, deadline_s: float,
           token: str = "") -> bytes:
-    got = fetch(f"http://127.0.0.1:{port}{path}", deadline_s=deadline_s, method="POST",
+    # vLLM answers /sleep, /wake_up and /collective_rpc once their work is done: the whole
+    # deadline may pass in silence
+    got = fetch(f"http://127.0.0.1:{port}{path}", deadline_s=deadline_s, idle_s=deadline_s,
+                method="POST",
                 body=json.dumps(body).encode() if body is not None else b"",
                 headers={"Content-Type": "application/json",
                          **({GATE_HEADER: token} if token else {})})
     if got.status != 200:
         raise OSError(f"{path}: HTTP {got.status}: {got.body.decode(errors='replace')[:200]}")
     return got.body
+
+
+def rpc(port: int, method: str, deadline_s: float, token: str = "") -> Any:
+    """What the instance's (one) worker answered to a call of `method` through vLLM's
+    /collective_rpc."""
+    body = _post(port, "/collective_rpc", {"method": method, "timeout": deadline_s}, deadline_s,
+                 token)
+    try:
+        return json.loads(body)["results"][0]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise OSError(f"/collective_rpc {method}: no result in the answer ({type(exc).__name__})"
+                      ) from None
 
 
 def reference_answer(port: int, model: str, deadline_s: float = 120, token: str = "") -> str:
@@ -356,10 +392,14 @@ def restore_tree(dest: Path, manifest: dict[str, Any], criu: str | Criu,
 
 
 def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu: str | Criu,
-         timings: Timings | None = None, token: str = "") -> dict[str, Any]:
+         timings: Timings | None = None, token: str = "", weights: str = "host") -> dict[str, Any]:
     """Checkpoint the running instance whose tree `pid` heads into `dest`; it goes on serving.
     Its manifest (with the phases' seconds). `token`: what the instance's gate lets through (the
-    restored tree's gate asks for it again, so the manifest keeps it)."""
+    restored tree's gate asks for it again, so the manifest keeps it). `weights`: host (in the
+    images) or files (read again from the model's files). InstanceLost where the instance is
+    left unable to serve as before: its caller must stop it."""
+    if weights not in WEIGHTS:
+        raise CheckpointRefused(f"weights {weights!r}: want one of {', '.join(WEIGHTS)}")
     t = timings or Timings()
     drv = Driver()
     reference = reference_answer(port, model, token=token)
@@ -370,7 +410,11 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
     os.chmod(tmp, 0o700)
     gpus: list[int] = []
     held_memory: dict[str, dict[str, Any]] = {}
+    released: dict[str, Any] = {}
     try:
+        if weights == "files":
+            released = dict(rpc(port, RELEASE_RPC, 60, token))
+            t.mark("release")
         _post(port, "/sleep?level=1", None, 300, token)
         t.mark("sleep")
         try:
@@ -406,12 +450,18 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
                 with contextlib.suppress(Exception):
                     drv.unlock(p)
             t.mark("cuda_resume")
-            _post(port, "/wake_up", None, 300, token)
+            try:
+                _post(port, WAKE[weights], None, 300, token)
+            except OSError as exc:
+                raise InstanceLost(f"it did not wake after its checkpoint: {exc}") from None
             t.mark("wake_up")
+            if weights == "files":
+                reload_or_lose(port, model, reference, token)
+                t.mark("reload_weights")
         files = _files(tmp / IMAGES)
         manifest = {"schema": SCHEMA, "key": key, "pid": pid, "gpu_pids": gpus, "port": port,
                     "model": model, "reference": reference, "stdio": stdio(pid), "files": files,
-                    "token": token,
+                    "token": token, "weights": weights, "released": released,
                     "memory": held_memory,
                     "bytes": sum(files.values()),
                     "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -423,6 +473,27 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
         shutil.rmtree(tmp, ignore_errors=True)  # no half-written checkpoint left behind
         raise
     return manifest
+
+
+def reload(port: int, token: str) -> None:
+    """Between the wake of its weights and that of its KV cache: the instance's weights read
+    again from its model's files."""
+    rpc(port, RELOAD_RPC, RELOAD_S, token)
+    _post(port, "/wake_up?tags=kv_cache", None, 300, token)
+
+
+def reload_or_lose(port: int, model: str, reference: str, token: str) -> None:
+    """The instance's weights read again from its model's files, and its reference answer as
+    before; InstanceLost otherwise (it must not serve)."""
+    try:
+        reload(port, token)
+        answer = reference_answer(port, model, token=token)
+    except OSError as exc:
+        raise InstanceLost(f"its weights were not read back from the model's files: {exc}"
+                          ) from None
+    if answer != reference:
+        raise InstanceLost(f"after its weights were read back from the model's files it answered "
+                          f"{answer!r}, {reference!r} before")
 
 
 def alive(pid: int) -> bool:
@@ -469,8 +540,12 @@ def restore(dest: Path, key: dict[str, str], criu: str | Criu, timings: Timings 
         t.mark("cuda_restore")
         port, model = int(manifest["port"]), str(manifest["model"])
         token = str(manifest.get("token", ""))
-        _post(port, "/wake_up", None, 300, token)
+        weights = "files" if manifest.get("weights") == "files" else "host"
+        _post(port, WAKE[weights], None, 300, token)
         t.mark("wake_up")
+        if weights == "files":
+            reload(port, token)
+            t.mark("reload_weights")
         answer = reference_answer(port, model, token=token)
         t.mark("first_answer")
         if compare and answer != manifest["reference"]:

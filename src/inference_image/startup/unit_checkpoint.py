@@ -11,7 +11,9 @@ in a file only that process's user reads:
 - `PID cold TOKEN`: there was none, or it was refused (one line saying why; a refused one is
   removed). inference-run starts vLLM with its gate closed to everything but TOKEN; once it
   answers, the helper takes a checkpoint of it and then opens the gate. So no client's request
-  ever reaches an instance before its checkpoint is written, and nothing of one is in it.
+  ever reaches an instance before its checkpoint is written, and nothing of one is in it. A take
+  that leaves the instance unable to serve as before (its weights not read back from its files)
+  stops it, and is not tried again under the same key: the unit's restart serves cold.
 
 Without systemd (a container, the GPU machine) inference-run, as root, starts the helper itself
 with --pid. Stdlib only."""
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import secrets
@@ -39,6 +42,8 @@ from .checkpoint import CheckpointRefused, Criu, Timings
 MAIN_PID_WAIT_S = 60.0
 WORD = "{instance}.word"
 GATE_OPEN = "{instance}.open"
+# beside the checkpoints: a take that stopped its instance, with the key it was taken under
+TAKE_FAILED = "{instance}.take-failed.json"
 PIDFD_GETFD = 438  # the system call's number, the same on every architecture Linux has
 
 
@@ -132,6 +137,21 @@ def main_stream(pid: int) -> int:
     return sys.stderr.fileno()
 
 
+def take_failed(store: Path, instance: str, key: dict[str, str]) -> str:
+    """Why a take of the instance stopped it before under this key ("" if none did)."""
+    try:
+        said = json.loads((store / TAKE_FAILED.format(instance=instance)).read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(said.get("why", "?")) if isinstance(said, dict) and said.get("key") == key else ""
+
+
+def note_take_failed(store: Path, instance: str, key: dict[str, str], why: str) -> None:
+    store.mkdir(parents=True, exist_ok=True)
+    (store / TAKE_FAILED.format(instance=instance)).write_text(json.dumps({"key": key,
+                                                                          "why": why}))
+
+
 def phases_line(phases: list[tuple[str, float]]) -> str:
     return ", ".join(f"{name} {s:.1f} s" for name, s in phases)
 
@@ -199,14 +219,28 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         if not wait_answering(port, token, pid, start_timeout_s):
             say(instance, "the start did not answer: no checkpoint taken")
             return 0
+        if failed := take_failed(store, instance, key):
+            say(instance, f"serves without a checkpoint: a take under this key stopped the "
+                f"instance before ({failed[:300]})")
+            return 0
         t = Timings()
         try:
-            m = checkpoint.take(pid, port, model, dest, key, criu, t, token=token)
+            m = checkpoint.take(pid, port, model, dest, key, criu, t, token=token,
+                                weights=env.get("INFERENCE_CHECKPOINT_WEIGHTS", "host"))
+        except checkpoint.InstanceLost as exc:
+            # it must not serve: stopped, its unit's restart serves cold, with no take
+            note_take_failed(store, instance, key, str(exc))
+            checkpoint.kill_tree(pid)
+            say(instance, f"stopped: the checkpoint's take left it unable to serve as before "
+                f"({str(exc)[:600]}); its next start serves without a checkpoint")
         except Exception as exc:  # the instance serves on whatever happened
             say(instance, f"serves without a checkpoint: taking one failed: {str(exc)[:600]}")
         else:
+            left = m.get("released") or {}
             say(instance, f"checkpoint taken before any request: {m['bytes'] / 2**20:,.0f} MiB "
-                f"in {len(m['files'])} files ({phases_line(t.phases)})")
+                f"in {len(m['files'])} files ({phases_line(t.phases)})" + (
+                    f"; {left.get('bytes', 0) / 2**20:,.0f} MiB of weights left to the model's "
+                    f"files, read again at each wake" if m.get("weights") == "files" else ""))
     finally:
         open_gate(run, instance)
     return 0
@@ -239,7 +273,7 @@ def follow(pid: int) -> int:
 
 # what the lab reads of a start's helper (its lines to the journal or the server's log)
 SAID = re.compile(r"inference-checkpoint: \S+: (?P<what>restored in|starts without|checkpoint "
-                  r"taken|serves without|the start did not)")
+                  r"taken|serves without|the start did not|stopped: )")
 
 
 def said(lines: list[str]) -> list[str]:
