@@ -42,7 +42,7 @@ from inference_image.profiles import (
 from inference_image.render import NATIVE_SAMPLER, render
 from inference_image.schema import scenario_spec
 
-from . import nodes
+from . import nodes, standin_weights
 from .proof_machine import (
     BESIDE_TOKENS,
     CUT_LOG_LINES,
@@ -514,15 +514,23 @@ class Runner(ToolSteps, ReadySteps):
         # time says so).
         cache = self.work / f"cache-{self.resolved((*step.sets, *HOST_ONLY)).digest[:12]}"
         draft = self.draft_for(r)
+        target = self.made(self.model_for(r, scales=step.fp8_scales))
+        if spec.draft:
+            draft = self.made(draft)
+        load = "--load-format dummy"
+        if step.weight_files:
+            target, *drafts = self._weight_files(step, [target, *([draft] if spec.draft else [])])
+            draft = drafts[0] if drafts else draft
+            load = ""
         env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
                # the stand-ins' one correction (standin/sitecustomize.py): a weightless EAGLE-3
                # head keeps the lm_head its checkpoint has instead of borrowing the target's
                "PYTHONPATH": os.pathsep.join(x for x in (str(STANDIN), os.environ.get(
                    "PYTHONPATH", "")) if x),
-               "MODEL_PATH": str(self.made(self.model_for(r, scales=step.fp8_scales))),
+               "MODEL_PATH": str(target),
                # no draft (method none, a lookup): nothing reads the path, so nothing is made
-               "DRAFT_PATH": str(self.made(draft) if spec.draft else draft),
-               "INFERENCE_EXTRA_ARGS": f"--load-format dummy {extra_args}".strip(),
+               "DRAFT_PATH": str(draft),
+               "INFERENCE_EXTRA_ARGS": f"{load} {extra_args}".strip(),
                **self._cache_env(cache), **({FP8_TABLE_ENV: str(table)} if table else {})}
         if label in self.node_runs:  # inference-join finds the group's addresses with `ip`
             env["PATH"] = nodes.path_with_ip(os.environ.get("PATH", ""))
@@ -548,6 +556,24 @@ class Runner(ToolSteps, ReadySteps):
             "plugin_sha256": plugin_digest(),
             **({"argv": argv[r.instances[0].name]} if len(argv) == 1 else {"argv": argv})}
         return r, runners, env, cache
+
+    def _weight_files(self, step: Step, folders: list[Path]) -> list[Path]:
+        """The stand-in `folders` with weight files, under `step.weight_files` (written once a
+        machine: a folder written from the same config is kept), recorded under weight_files."""
+        got = []
+        for src in folders:
+            dest = Path(step.weight_files) / src.name
+            self._phase(f"stand-in weight files of {src.name} under {step.weight_files}")
+            try:
+                done = standin_weights.write(src, dest)
+            except (standin_weights.StandinError, OSError) as exc:
+                raise ProofError(f"{step.name()}: weight files for {src.name}: {exc}") from None
+            self.results.setdefault("weight_files", {})[src.name] = done
+            print(f"[{step.name()}] {src.name}: {done['bytes'] / 2**30:.1f} GiB in "
+                  f"{done['files']} files under {dest} "
+                  f"({'kept' if done.get('kept') else str(done['s']) + ' s'})", flush=True)
+            got.append(dest)
+        return got
 
     def _fp8_table(self, step: Step, r: Resolved) -> Path | None:
         """The FP8 table the step serves in place of the packaged one (None: the packaged one)."""

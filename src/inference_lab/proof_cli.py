@@ -186,7 +186,8 @@ def cmd_step(args: argparse.Namespace) -> int:
                 client_cpus=tuple(args.client_cpus or ()), fp8_table=args.fp8_table or "",
                 sampling=args.sampling, starts=tuple(args.starts or ()), vanilla=args.vanilla,
                 image_paths=args.image_paths, bundle=args.bundle or "",
-                import_profile=args.import_profile, record_triton=args.record_triton)
+                import_profile=args.import_profile, record_triton=args.record_triton,
+                weight_files=args.weight_files or "")
     if why := step_problem(step):
         print(f"error: --{why.replace('_', '-')}", file=sys.stderr)
         return 2
@@ -397,5 +398,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record-triton", action="store_true",
                    help="ready: record the Triton kernels the render's first start compiles as "
                    "the tier's list (kernels-<tier>.json) for the build's precompile")
+    p.add_argument("--weight-files", metavar="DIR",
+                   help="the render's models get stand-in weight files of their real names and "
+                   "shapes under DIR (a tmpfs that holds the models' weights), read instead of "
+                   "dummy weights: what a checkpoint that reads its weights again from the "
+                   "model's files needs (serving.checkpoint_weights: files)")
     p.set_defaults(func=cmd_step)
 

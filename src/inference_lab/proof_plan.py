@@ -84,6 +84,9 @@ def step_problem(step: Step) -> str | None:
             or step.record_triton) and step.kind != "ready":
         return ("starts, vanilla, image_paths, bundle, import_profile, record_triton: ready "
                 "steps only")
+    if step.weight_files and (step.kind not in RENDERED or step.vanilla):
+        return (f"weight_files: the render's servers read them ({', '.join(RENDERED)} steps, "
+                "no vanilla); drop it from this step")
     if step.record_triton and (step.vanilla or not step.image_paths):
         return ("record_triton: records the render's kernels as the image compiles them; give "
                 "image_paths, and no vanilla")
@@ -226,6 +229,10 @@ class Step:
     bundle: str = ""
     import_profile: bool = False
     record_triton: bool = False
+    # a folder (a tmpfs that holds the models' weights) where the render's models get stand-in
+    # weight files (standin_weights.py) that its servers read instead of drawing dummy weights: a
+    # checkpoint that reads its weights again from the model's files needs files to read
+    weight_files: str = ""
 
     def name(self) -> str:
         return self.label or self.kind
@@ -275,7 +282,8 @@ class Plan:
                               image_paths=bool(s.get("image_paths", False)),
                               bundle=str(s.get("bundle", "")),
                               import_profile=bool(s.get("import_profile", False)),
-                              record_triton=bool(s.get("record_triton", False))))
+                              record_triton=bool(s.get("record_triton", False)),
+                              weight_files=str(s.get("weight_files", ""))))
             if why := step_problem(steps[-1]):
                 raise ProofError(f"plan step {i}: {why}")
         return cls(tier=d.get("tier", "h100"),

@@ -305,6 +305,11 @@ class ReadySteps:
         by_unit = restores and not step.vanilla and self.step_resolved(step).profile.serving \
             .checkpoint
         if by_unit:
+            if self.step_resolved(step).profile.serving.checkpoint_weights == "files" and \
+                    not step.weight_files:
+                raise ProofError(f"{label}: its checkpoint reads the weights again from the "
+                                 "model's files, and dummy weights have none: give "
+                                 "--weight-files DIR (a tmpfs)")
             if step.acceptance_length or step.acceptance_rates or step.published_acceptance:
                 raise ProofError(f"{label}: a render that checkpoints compares its reference "
                                  "answer after a restore, which synthetic acceptance draws: run "
@@ -447,7 +452,8 @@ class ReadySteps:
         if m:
             entry["checkpoint"] = {"phases": m["phases"], "files": len(m["files"]),
                                    "mib": round(m["bytes"] / 2**20, 1),
-                                   "memory": m["memory"]}
+                                   "memory": m["memory"], "weights": m.get("weights", "host"),
+                                   **({"released": m["released"]} if m.get("released") else {})}
         print(f"[{label}] {state}: " + " | ".join(said or ["the helper said nothing"]),
               flush=True)
         restored = next((x for x in said if ": restored in " in x), "")
