@@ -152,6 +152,13 @@ def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() 
                                                "commands": {"h100": {"sets": sets}}})
     assert [(s.run, s.state) for s in ready_chart.newest(found)][1:] == [
         (63, "cold"), (63, "checkpoint")]
+    # one whose checkpoint left its weights to the model's files: charted so, and labelled
+    found += ready_chart.starts(65, "f", {**proof(True, True), "commands": {"h100": {"sets": [
+        "serving.checkpoint=true", "serving.engine_process=spawn",
+        "serving.checkpoint_weights=files"]}}})
+    assert [s.name() for s in ready_chart.newest(found)][1:] == [
+        "image + checkpoint (weights from files), cold (f)",
+        "image + checkpoint (weights from files), checkpoint (f)"]
     table = ready_chart.table(rows)
     head = table.splitlines()[0]
     assert "criu_restore" in head and "cuda_restore" not in head

@@ -34,10 +34,14 @@ class Start:
     # the server ran with what a checkpoint needs (vLLM's sleep mode, a spawned engine core:
     # proof_ready.CHECKPOINT_ENV), not quite as it ships
     sleep_mode: bool = False
+    # where its checkpoint kept the weights (serving.checkpoint_weights)
+    weights: str = "host"
 
     def name(self) -> str:
         what = "vanilla vLLM" if self.vanilla else "image + checkpoint" if self.sleep_mode \
             else "image"
+        if self.sleep_mode and self.weights == "files":
+            what += " (weights from files)"
         return f"{what}, {self.state} ({self.machine})"
 
 
@@ -46,7 +50,8 @@ PLACEMENT = ("serving.gpu_ids=", "serving.base_port=", "router.internal_port=",
              "router.metrics_port=")
 # what a server restored from its checkpoint runs with, --set on a tier that ships without it: a
 # start of it is charted among the restored ones, not dropped as a variant
-CHECKPOINTED = ("serving.checkpoint=true", "serving.engine_process=spawn")
+CHECKPOINTED = ("serving.checkpoint=true", "serving.engine_process=spawn",
+                "serving.checkpoint_weights=files")
 
 
 def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
@@ -69,7 +74,9 @@ def starts(run: int, machine: str, proof: dict[str, Any]) -> list[Start]:
                 out.append(Start(run, machine, label, bool(rec.get("vanilla")), state,
                                  float(e["answered_s"]),
                                  [(str(n), float(s)) for n, s in e.get("phases", [])],
-                                 bool(rec.get("sleep_mode"))))
+                                 bool(rec.get("sleep_mode")),
+                                 "files" if "serving.checkpoint_weights=files" in sets
+                                 else "host"))
     return out
 
 
