@@ -42,19 +42,26 @@ def free_ports(n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def answering(body: bytes, calls: list[str] | None = None) -> Iterator[int]:
+def answering(body: bytes | dict[str, list[bytes]],
+              calls: list[str] | None = None) -> Iterator[int]:
     """A stand-in HTTP server on loopback that answers every POST 200 with `body` (as it is:
-    broken JSON, a page, escapes), noting each request's path (no query) in `calls`: its port."""
+    broken JSON, a page, escapes), or, given {path: [bodies]}, each path its next body (the last
+    again once they run out), noting each request in `calls`: its path and query, and for
+    /collective_rpc the method its body names. Its port."""
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            path = self.path.split("?")[0]
             if calls is not None:
-                calls.append(self.path.split("?")[0])
+                calls.append(self.path + (" " + json.loads(sent)["method"]
+                                          if path == "/collective_rpc" else ""))
+            queue = body.get(path, [b""]) if isinstance(body, dict) else [body]
+            out = queue.pop(0) if len(queue) > 1 else queue[0]
             self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(out)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(out)
 
         def log_message(self, *_: object) -> None:
             pass

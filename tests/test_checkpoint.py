@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -198,7 +197,7 @@ def test_a_take_that_fails_wakes_the_instance_and_leaves_nothing(
     with answering(json.dumps({"choices": [{"text": " ok"}]}).encode(), calls) as port, \
             pytest.raises(CheckpointRefused, match="has a CUDA context"):
         checkpoint.take(os.getpid(), port, "m", dest, dict(KEY), "criu")
-    assert calls == ["/v1/completions", "/sleep", "/wake_up"]
+    assert calls == ["/v1/completions", "/sleep?level=1", "/wake_up"]
     assert not dest.exists() and list((tmp_path / "checkpoints").iterdir()) == []
 
 
@@ -428,39 +427,6 @@ def test_a_journal_stream_is_named_external_once_and_criu_gets_time_for_its_imag
     assert checkpoint.criu_timeout(big) == 100 * checkpoint.CRIU_MIN_TIMEOUT_S
 
 
-@contextlib.contextmanager
-def instance(answers: dict[str, list[bytes]], calls: list[str]) -> Iterator[int]:
-    """A stand-in instance on loopback: each POST to a path answers that path's next body (the
-    last one again once they run out), noting the path (with its query for /wake_up) and, for
-    /collective_rpc, its method."""
-    import http.server
-    import threading
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            path = self.path.split("?")[0]
-            calls.append(self.path if path == "/wake_up" else path + (
-                " " + json.loads(sent)["method"] if path == "/collective_rpc" else ""))
-            queue = answers.get(path, [b""])
-            body = queue.pop(0) if len(queue) > 1 else queue[0]
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield srv.server_address[1]
-    finally:
-        srv.shutdown()
-        srv.server_close()
-
-
 def _completion(text: str) -> bytes:
     return json.dumps({"choices": [{"text": text}]}).encode()
 
@@ -477,11 +443,11 @@ def test_a_take_that_leaves_weights_in_the_files_reads_them_back_before_it_serve
     monkeypatch.setattr(checkpoint, "Driver", lambda: object())
     monkeypatch.setattr(checkpoint, "gpu_processes", lambda pid, drv: [])
     dest = tmp_path / "checkpoints" / "vllm-0"
-    with instance({"/v1/completions": [_completion(" ok")], **RPC}, calls) as port, \
+    with answering({"/v1/completions": [_completion(" ok")], **RPC}, calls) as port, \
             pytest.raises(CheckpointRefused, match="has a CUDA context") as exc:
         checkpoint.take(os.getpid(), port, "m", dest, dict(KEY), "criu", weights="files")
     assert not isinstance(exc.value, checkpoint.InstanceLost)
-    assert calls == ["/v1/completions", f"/collective_rpc {checkpoint.RELEASE_RPC}", "/sleep",
+    assert calls == ["/v1/completions", f"/collective_rpc {checkpoint.RELEASE_RPC}", "/sleep?level=1",
                      "/wake_up?tags=weights", f"/collective_rpc {checkpoint.RELOAD_RPC}",
                      "/wake_up?tags=kv_cache", "/v1/completions"]
     assert list((tmp_path / "checkpoints").iterdir()) == []
@@ -496,7 +462,7 @@ def test_a_take_whose_weights_do_not_come_back_says_the_instance_is_lost(
     monkeypatch.setattr(checkpoint, "gpu_processes", lambda pid, drv: [])
     dest = tmp_path / "checkpoints" / "vllm-0"
     answers = {"/v1/completions": [_completion(" ok"), _completion(" other")], **RPC}
-    with instance(answers, calls) as port, \
+    with answering(answers, calls) as port, \
             pytest.raises(checkpoint.InstanceLost, match="answered ' other', ' ok' before"):
         checkpoint.take(os.getpid(), port, "m", dest, dict(KEY), "criu", weights="files")
     assert list((tmp_path / "checkpoints").iterdir()) == []
@@ -522,7 +488,7 @@ def test_a_restore_of_a_checkpoint_without_weights_reads_them_after_the_wake(
     calls: list[str] = []
     t = checkpoint.Timings()
     try:
-        with instance({"/v1/completions": [_completion(" the same sixteen tokens")], **RPC},
+        with answering({"/v1/completions": [_completion(" the same sixteen tokens")], **RPC},
                       calls) as port:
             manifest = json.loads((dest / checkpoint.MANIFEST).read_text())
             (dest / checkpoint.MANIFEST).write_text(json.dumps({**manifest, "port": port}))
