@@ -97,7 +97,6 @@ def test_a_take_that_stops_its_instance_is_not_tried_again_under_the_same_key(
     key = {"driver": "580"}
     monkeypatch.setattr(checkpoint, "checkpoint_key", lambda *a: dict(key))
     monkeypatch.setattr(unit_checkpoint, "wait_answering", lambda *a: True)
-    monkeypatch.setattr(unit_checkpoint.shutil, "which", lambda c: c)
     taken: list[str] = []
 
     def take(*_: object, weights: str, **__: object) -> dict[str, Any]:
@@ -112,17 +111,17 @@ def test_a_take_that_stops_its_instance_is_not_tried_again_under_the_same_key(
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
     first = start()
-    assert unit_checkpoint.helper("vllm-0", units, store, run, "criu", pid=first.pid) == 0
+    assert unit_checkpoint.helper("vllm-0", units, store, run, "/bin/true", pid=first.pid) == 0
     assert first.wait(timeout=10) == -9 and taken == ["files"]
     assert said[-1].startswith("stopped: the checkpoint's take left it unable to serve")
     second = start()
     try:
-        unit_checkpoint.helper("vllm-0", units, store, run, "criu", pid=second.pid)
+        unit_checkpoint.helper("vllm-0", units, store, run, "/bin/true", pid=second.pid)
         assert taken == ["files"] and second.poll() is None
         assert "a take under this key stopped the instance before" in said[-1]
         assert (run / "vllm-0.open").exists()
         key["driver"] = "590"  # a new driver: tried again
-        unit_checkpoint.helper("vllm-0", units, store, run, "criu", pid=second.pid)
+        unit_checkpoint.helper("vllm-0", units, store, run, "/bin/true", pid=second.pid)
         assert taken == ["files", "files"]
     finally:
         second.kill()

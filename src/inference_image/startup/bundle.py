@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import boundary
+
 SCHEMA = 1
 # what a start writes beside its model, by folder under the cache root (render.vllm_env names them)
 CACHE_PARTS = ("vllm", "inductor", "triton", "xdg-cache")
@@ -171,7 +173,7 @@ def key_differences(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
 
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(boundary.open_regular(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -226,7 +228,7 @@ def make(cache: Path, out: Path, key: dict[str, str]) -> dict[str, Any]:
                 info = tar.gettarinfo(str(cache / rel), arcname=rel)
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
-                with open(cache / rel, "rb") as f:
+                with os.fdopen(boundary.open_regular(cache / rel), "rb") as f:
                     tar.addfile(info, f)
         tmp.replace(out)
     finally:
@@ -308,41 +310,77 @@ def describe(bundle: Path) -> str:
 def _owner_ids(owner: str | None) -> tuple[int, int] | None:
     if not owner:
         return None
-    import pwd
     try:
-        pw = pwd.getpwnam(owner)
-    except KeyError:
-        raise BundleError(f"--owner {owner}: no such user") from None
-    return pw.pw_uid, pw.pw_gid
+        return boundary.user_ids(owner)
+    except boundary.BoundaryError as exc:
+        raise BundleError(str(exc)) from None
+
+
+def _open_bundle(bundle: Path) -> int:
+    """A descriptor of the bundle root was given (a regular file: never a FIFO it would wait on)."""
+    try:
+        fd = os.open(bundle, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BundleError(f"{bundle}: not a file ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BundleError(f"{bundle}: not a file")
+    return fd
+
+
+def _json_file(path: Path, max_bytes: int = MAX_MANIFEST) -> Any:
+    """A JSON file of the cache (a regular file, not through a link, bounded)."""
+    return json.loads(boundary.read_bytes(path, max_bytes))
 
 
 def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, Any]:
     """Unpack `bundle` into the cache root, replacing what its parts held, and leave its manifest
     there for `check`. Members are checked before anything is written: only files and folders
     under the cache parts, each of the size and digest its manifest says. On any error the
-    cache's parts are left as they were."""
+    cache's parts are left as they were. Root opens the bundle; the cache is written as its
+    owner (`owner`, who is given the cache folder, or whoever owns it): boundary's rule."""
     ids = _owner_ids(owner)
-    if not bundle.is_file():
-        raise BundleError(f"{bundle}: not a file")
-    cache.mkdir(parents=True, exist_ok=True)
+    fd = _open_bundle(bundle)
+    try:
+        try:
+            boundary.make_owned_folder(cache, ids)
+        except (OSError, boundary.BoundaryError) as exc:
+            raise BundleError(f"{cache}: {exc}") from None
+        done: dict[str, Any] = boundary.as_owner_of(
+            cache, _install, fd, str(bundle), str(cache),
+            errors=(BundleError, NothingCompiled))
+        return done
+    finally:
+        os.close(fd)
+
+
+def _install(fd: int, name: str, cache_path: str) -> dict[str, Any]:
+    bundle, cache = Path(name), Path(cache_path)
+
+    @contextlib.contextmanager
+    def opened() -> Iterator[tarfile.TarFile]:
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            fh.seek(0)
+            with tarfile.open(fileobj=fh, mode="r:gz") as tar:
+                yield tar
+
     with contextlib.suppress(OSError, ValueError, BundleError, tarfile.TarError, EOFError):
-        with tarfile.open(bundle, "r:gz") as tar:
+        with opened() as tar:
             want = read_bundle_manifest(tar, bundle)
         # installed already, or refused by a start on this machine: installing it again would
         # only be refused again (and a build run twice would not be idempotent)
-        rejected = json.loads((cache / REJECTED).read_text()) if (cache / REJECTED).exists() \
-            else {}
-        if rejected.get("bundle") == bundle_id(want):
+        rejected = _json_file(cache / REJECTED) if os.path.lexists(cache / REJECTED) else {}
+        if isinstance(rejected, dict) and rejected.get("bundle") == bundle_id(want):
             return {**want, "already": True, "rejected": rejected.get("why", "")}
-        have = _checked_manifest(json.loads((cache / MANIFEST).read_text()), str(cache))
+        have = _checked_manifest(_json_file(cache / MANIFEST), str(cache))
         if bundle_id(have) == bundle_id(want):
             return {**want, "already": True}
     stage = Path(cache, f".warm-cache-new.{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
+    boundary.remove(stage)
     stage.mkdir()
     try:
         try:
-            with tarfile.open(bundle, "r:gz") as tar:
+            with opened() as tar:
                 manifest = read_bundle_manifest(tar, bundle)
                 seen: set[str] = set()
                 manifests = 0
@@ -365,7 +403,7 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     src = tar.extractfile(m)
                     h = hashlib.sha256()
-                    with open(dest, "wb") as out:
+                    with open(dest, "xb") as out:
                         while src and (block := src.read(1 << 20)):
                             h.update(block)
                             out.write(block)
@@ -383,11 +421,12 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
             kept = BUILD_OWNED.get(part, ())
             _empty(cache / part, kept)
             if (stage / part).exists():
-                if (cache / part).is_dir():
+                if (cache / part).is_dir() and not (cache / part).is_symlink():
                     # into the folder the build made (its owner and mode stay), not over it
                     for child in (stage / part).iterdir():
                         dest = cache / part / child.name
-                        if child.name in kept and dest.is_dir() and child.is_dir():
+                        if child.name in kept and dest.is_dir() and not dest.is_symlink() \
+                                and child.is_dir():
                             # the build's own, which a bundle made before BUILD_OWNED carries
                             # too: its files join the build's
                             for f in child.rglob("*"):
@@ -401,12 +440,8 @@ def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, An
                     (stage / part).rename(cache / part)
         _write_json(cache / MANIFEST, {**manifest, "installed": _now()})
         (cache / REJECTED).unlink(missing_ok=True)
-        if ids:
-            for p in [cache, *[cache / part for part in CACHE_PARTS], cache / MANIFEST]:
-                if p.exists():
-                    _chown_tree(p, ids)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        boundary.remove(stage)
     return manifest
 
 
@@ -415,20 +450,28 @@ def seal(cache: Path, key: dict[str, str], owner: str | None = None) -> dict[str
     over the cache as it stands, keyed for this machine, so that each new machine's start checks
     it as it checks an installed bundle (and compiles afresh where it is not that machine). A
     bundle installed already keeps its own manifest (`already`); a cache with no compiled state
-    raises NothingCompiled."""
+    raises NothingCompiled. Done as `owner` (or the cache's owner): boundary's rule, so the
+    instances' own check can rewrite the manifest and take the lock."""
     ids = _owner_ids(owner)
-    if not cache.is_dir():
-        raise BundleError(f"{cache}: no cache here")
+    try:
+        uid, gid = ids or boundary.folder_owner(cache)
+        boundary.folder_owner(cache)
+    except boundary.BoundaryError as exc:
+        raise BundleError(f"{cache}: no cache here ({exc})") from None
+    done: dict[str, Any] = boundary.as_user(uid, gid, _seal, str(cache), key,
+                                            errors=(BundleError, NothingCompiled))
+    return done
+
+
+def _seal(cache_path: str, key: dict[str, str]) -> dict[str, Any]:
+    cache = Path(cache_path)
     with _locked(cache):
         with contextlib.suppress(OSError, ValueError, BundleError):
-            have = _checked_manifest(json.loads((cache / MANIFEST).read_text()), str(cache))
+            have = _checked_manifest(_json_file(cache / MANIFEST), str(cache))
             return {**have, "already": True}
         manifest = _manifest(cache, key)
         _write_json(cache / MANIFEST, {**manifest, "sealed": manifest["made"]})
         (cache / REJECTED).unlink(missing_ok=True)
-        if ids:  # the instances' own check rewrites the manifest and takes the lock
-            for name in (MANIFEST, LOCK):
-                os.chown(cache / name, *ids)
     return manifest
 
 
@@ -450,22 +493,12 @@ def _empty(folder: Path, keep: tuple[str, ...] = ()) -> None:
                 child.unlink()
 
 
-def _chown_tree(p: Path, ids: tuple[int, int]) -> None:
-    os.chown(p, *ids, follow_symlinks=False)
-    if p.is_dir() and not p.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(p):
-            for name in dirnames + filenames:
-                os.chown(Path(dirpath) / name, *ids, follow_symlinks=False)
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    boundary.write_file(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
 # ---- checking a bundle before a start ----------------------------------------------------------
@@ -473,7 +506,11 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def _locked(cache: Path) -> Iterator[None]:
     """One check at a time: a machine's instances start together and share the cache."""
-    with open(cache / LOCK, "a") as fh:
+    try:
+        fd = boundary.open_regular(cache / LOCK, os.O_WRONLY | os.O_CREAT)
+    except OSError as exc:
+        raise BundleError(f"{cache / LOCK}: {exc}") from None
+    with os.fdopen(fd, "wb") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
 
@@ -481,19 +518,26 @@ def _locked(cache: Path) -> Iterator[None]:
 def check(cache: Path, key: dict[str, str]) -> tuple[str, str]:
     """(state, one line): `bundle` (installed, this machine's, intact), `none` (no bundle: the
     instance's own cache, or a fresh machine), `stale` or `corrupt` (removed, with why). The first
-    check on a machine reads every file's digest; later ones (restarts) their sizes."""
-    if not cache.is_dir():
+    check on a machine reads every file's digest; later ones (restarts) their sizes. Run by root,
+    it checks as the cache's owner (boundary's rule)."""
+    if not cache.is_dir() or cache.is_symlink():
         return "none", f"no cache at {cache}: the instance compiles as on a fresh machine"
+    state, line = boundary.as_owner_of(cache, _check, str(cache), key, errors=(BundleError,))
+    return state, line
+
+
+def _check(cache_path: str, key: dict[str, str]) -> tuple[str, str]:
+    cache = Path(cache_path)
     with _locked(cache):
         path = cache / MANIFEST
-        if not path.exists():
+        if not os.path.lexists(path):
             why = ""
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                why = json.loads((cache / REJECTED).read_text())["why"]
+                why = str(_json_file(cache / REJECTED, 2**20)["why"])
             return "none", ("no warm-cache bundle" + (f" (the last was not used: {why})"
                                                      if why else ""))
         try:
-            manifest = _checked_manifest(json.loads(path.read_text()), str(path))
+            manifest = _checked_manifest(_json_file(path), str(path))
         except (OSError, ValueError, BundleError) as exc:
             return _reject(cache, "corrupt", f"its manifest cannot be read: {exc}", "")
         if diffs := key_differences(manifest["key"], key):

@@ -23,6 +23,7 @@ Stdlib only; needs root (CRIU) and an NVIDIA driver with CUDA's checkpoint API."
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ import platform
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded_http import fetch
+from . import boundary
 from .bundle import machine_key, smi_rows
 from .cuda_checkpoint import Driver, gpu_processes, stat_fields, tree
 
@@ -59,6 +62,13 @@ CRIU_COMMON = ("--tcp-established", "--file-locks", "--network-lock", "skip")
 # (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
 CRIU_MIN_MIB_S = 50
 CRIU_MIN_TIMEOUT_S = 60.0
+CRIU_MAX_TIMEOUT_S = 7200.0
+# a manifest's bounds: more than any machine's memory, a pid past the kernel's largest, a port
+# outside TCP's are not a checkpoint this code wrote
+MAX_BYTES = 2**42
+MAX_MANIFEST = 64 * 2**20
+PID_MAX = 2**22
+PR_SET_CHILD_SUBREAPER = 36
 # a restore's phases (Timings' marks), in order: what a ledger shows for a restored start
 RESTORE_PHASES = ("validate", "criu_restore", "cuda_restore", "wake_up", "reload_weights",
                   "first_answer")
@@ -158,30 +168,62 @@ def key_fields(key: dict[str, str]) -> tuple[str, ...]:
 
 # ---- checking one ----------------------------------------------------------------------------
 
+def _whole(value: Any, lo: int, hi: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{what} {value!r} is not a whole number from {lo} to {hi}")
+    return value
+
+
+def _bounded(manifest: dict[str, Any], files: dict[str, Any]) -> None:
+    """Every number a restore acts on within what this code writes: pids a process could have
+    (never 0, 1 or negative), a TCP port, sizes no machine exceeds, image names without a path."""
+    _whole(manifest["pid"], 2, PID_MAX, "pid")
+    gpu_pids = manifest.get("gpu_pids", [])
+    if not isinstance(gpu_pids, list) or not gpu_pids:
+        raise ValueError("gpu_pids is not a list of pids")
+    for p in gpu_pids:
+        _whole(p, 2, PID_MAX, "a gpu pid")
+    _whole(manifest["port"], 1, 65535, "port")
+    _whole(manifest.get("bytes", 0), 0, MAX_BYTES, "bytes")
+    for name, size in files.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"image file name {name[:80]!r} is not a plain name")
+        _whole(size, 0, MAX_BYTES, f"{name}'s size")
+
 def _files(images: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in sorted(images.iterdir()) if p.is_file()}
+    """The regular files of `images` by name and size (a link or FIFO there is no image)."""
+    out = {}
+    for p in sorted(images.iterdir()):
+        st = p.lstat()
+        if stat.S_ISREG(st.st_mode):
+            out[p.name] = st.st_size
+    return out
 
 
 def validate(dest: Path, key: dict[str, str]) -> dict[str, Any]:
     """The manifest of the checkpoint at `dest` if this machine can restore it; CheckpointRefused
     saying why not otherwise (cheap: no image is read whole)."""
     mf = dest / MANIFEST
-    if not mf.is_file():
+    if not os.path.lexists(mf):
         raise CheckpointRefused(f"no checkpoint at {dest}")
     try:
-        manifest = json.loads(mf.read_text())
+        manifest = json.loads(boundary.read_bytes(mf, MAX_MANIFEST))
         if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
             raise ValueError(f"schema {manifest.get('schema') if isinstance(manifest, dict) else '?'}"
                              f", this reads {SCHEMA}")
         want, files = manifest["key"], manifest["files"]
-        reference, pid = str(manifest["reference"]), int(manifest["pid"])
-        if not isinstance(want, dict) or not isinstance(files, dict) or not files or pid < 2:
-            raise ValueError("key, files or pid malformed")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reference = str(manifest["reference"])
+        if not isinstance(want, dict) or not isinstance(files, dict) or not files:
+            raise ValueError("key or files malformed")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise CheckpointRefused(f"corrupt: {mf}: {exc}") from None
     if stale := [f"{k} is {key.get(k, 'missing')!r} here, {want.get(k, 'missing')!r} in the "
                  "checkpoint" for k in sorted(set(want) | set(key)) if want.get(k) != key.get(k)]:
         raise CheckpointRefused("stale: " + "; ".join(stale))
+    try:
+        _bounded(manifest, files)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointRefused(f"corrupt: {mf}: {exc}") from None
     images = dest / IMAGES
     have = _files(images) if images.is_dir() else {}
     if bad := [n for n, size in files.items() if have.get(n) != size]:
@@ -270,7 +312,7 @@ def external_args(streams: dict[str, str]) -> list[str]:
 
 def criu_timeout(mib: float) -> float:
     """The seconds a dump or restore of `mib` MiB of images gets before it counts as stuck."""
-    return max(CRIU_MIN_TIMEOUT_S, mib / CRIU_MIN_MIB_S)
+    return min(CRIU_MAX_TIMEOUT_S, max(CRIU_MIN_TIMEOUT_S, mib / CRIU_MIN_MIB_S))
 
 
 def device_files(pids: list[int]) -> list[str]:
@@ -299,10 +341,11 @@ def io_uring_holders(pids: list[int]) -> list[str]:
     return out
 
 
-def shm_names(pids: list[int], shm: Path = Path("/dev/shm")) -> list[Path]:
+def shm_names(pids: list[int], shm: Path = Path("/dev/shm"), uid: int | None = None) -> list[Path]:
     """The names in `shm` of files these processes map through another, deleted name: glibc's
     sem_open maps a temporary name and links the file to the semaphore's, which the start method
-    spawn keeps until the end (for its children to open by name)."""
+    spawn keeps until the end (for its children to open by name). With `uid`, only regular files
+    that user owns."""
     deleted: set[tuple[int, int, int]] = set()
     for p in pids:
         with contextlib.suppress(OSError):
@@ -316,9 +359,37 @@ def shm_names(pids: list[int], shm: Path = Path("/dev/shm")) -> list[Path]:
         for entry in os.scandir(shm):
             with contextlib.suppress(OSError):
                 st = entry.stat(follow_symlinks=False)
-                if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in deleted:
+                if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in deleted and \
+                        stat.S_ISREG(st.st_mode) and (uid is None or st.st_uid == uid):
                     out.append(Path(entry.path))
     return sorted(out)
+
+
+def process_ids(pid: int) -> tuple[int, int]:
+    """The real uid and gid of process `pid`."""
+    uid = gid = -1
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+        elif line.startswith("Gid:"):
+            gid = int(line.split()[1])
+    if uid < 0 or gid < 0:
+        raise OSError(f"/proc/{pid}/status names no Uid or Gid")
+    return uid, gid
+
+
+def unlink_shm_names(pids: list[int], head: int, shm: Path = Path("/dev/shm")) -> None:
+    """shm_names of the instance's own user removed as that user: in a sticky folder the kernel
+    then refuses a name that is another user's, whatever a hard link made it look like."""
+    uid, gid = process_ids(head)
+
+    def unlink(names: list[str]) -> None:
+        for n in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(n)
+
+    boundary.as_user(uid, gid, unlink, [str(n) for n in shm_names(pids, shm, uid)],
+                     errors=(OSError,))
 
 
 def memory(pids: list[int]) -> dict[str, dict[str, Any]]:
@@ -380,15 +451,32 @@ def restore_tree(dest: Path, manifest: dict[str, Any], criu: str | Criu,
     """CRIU restores the processes of the checkpoint at `dest` (detached); the pid heading them.
     CheckpointRefused where CRIU fails or is stuck, nothing of it left running."""
     pidfile = dest / "restored.pid"
-    with contextlib.suppress(FileNotFoundError):
-        pidfile.unlink()
+    boundary.remove(pidfile)
+    # CRIU forks the restored tree's head and exits: as a subreaper this process inherits it, so
+    # the pid CRIU names can be checked to be that head (a child of this process) before any
+    # signal is sent to it
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _criu(criu, ["restore", "-D", str(dest / IMAGES), "-d", "--pidfile", str(pidfile),
                  *CRIU_COMMON, *inherit_args(manifest["stdio"])], dest / "restore.log", stdout,
           timeout_s=criu_timeout(int(manifest.get("bytes", 0)) / 2**20))
     try:
-        return int(pidfile.read_text())
+        pid = int(boundary.read_bytes(pidfile, 32))
     except (OSError, ValueError):
         raise CheckpointRefused(f"criu restore wrote no pid to {pidfile}") from None
+    if not own_child(pid):
+        raise CheckpointRefused(f"criu restore named pid {pid}, which is not the tree it "
+                                "restored (no child of this process): nothing is signalled")
+    return pid
+
+
+def own_child(pid: int) -> bool:
+    """`pid` is a process (not 0, 1 or this one) whose parent is this process."""
+    if pid < 2 or pid == os.getpid():
+        return False
+    try:
+        return int(stat_fields(pid)[1]) == os.getpid()
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu: str | Criu,
@@ -437,8 +525,7 @@ def take(pid: int, port: int, model: str, dest: Path, key: dict[str, str], criu:
             # such a file is written into the images only unlinked (a ghost): CRIU's other way, a
             # link it adds beside it, is gone with the tree it leaves running and with /dev/shm
             # at a reboot; every process of the tree has opened it already
-            for name in shm_names(pids):
-                name.unlink(missing_ok=True)
+            unlink_shm_names(pids, pid)
             dump(pid, tmp / IMAGES, criu, sum(m.get("rssanon_mib", 0) + m.get("rssshmem_mib", 0)
                                               for m in held_memory.values()))
             t.mark("criu_dump")
@@ -507,7 +594,12 @@ def alive(pid: int) -> bool:
 def kill_tree(pid: int, wait_s: float = 60, pids: list[int] | None = None) -> list[int]:
     """SIGKILL the tree `pid` heads (or `pids`, the tree as it was) and wait, up to `wait_s`, until
     each has exited: a restore needs every pid its checkpoint's processes had, free once their
-    parent (the caller, for a tree it restored) has reaped them. The pids still running."""
+    parent (the caller, for a tree it restored) has reaped them. The pids still running.
+    ValueError for a pid that heads no tree of ours: 0, 1, a negative one (kill's process groups
+    and everything), or this process."""
+    for p in [pid, *(pids or [])]:
+        if isinstance(p, bool) or not isinstance(p, int) or p < 2 or p == os.getpid():
+            raise ValueError(f"kill_tree: pid {p!r} is no tree this helper may stop")
     pids = tree(pid) if pids is None else pids
     for p in reversed(pids):
         with contextlib.suppress(OSError):

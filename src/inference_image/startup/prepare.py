@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..inputs import InputError, read_text
-from .bundle import BundleError, _chown_tree, _owner_ids, _write_json
+from . import boundary
+from .bundle import BundleError, _owner_ids, _write_json
 
 # ---- the page cache ------------------------------------------------------------------------
 
@@ -228,13 +229,24 @@ def architectures(env: dict[str, str], args_file: Path | None) -> list[str]:
     return archs
 
 
-def _run_unit_python(argv: list[str], env: dict[str, str], timeout_s: int,
-                     doing: str) -> subprocess.CompletedProcess[str]:
-    """The unit's vLLM Python run to its end with the unit's environment; one that cannot start
-    or outlives `timeout_s` as BundleError, saying what it was doing."""
+def _run_unit_python(argv: list[str], env: dict[str, str], timeout_s: int, doing: str,
+                     ids: tuple[int, int] | None = None) -> subprocess.CompletedProcess[str]:
+    """The unit's vLLM Python run to its end with the unit's environment, as the instances' user
+    when root is given one (`ids`: what it writes in their cache is theirs, and it reaches only
+    what they can: boundary's rule); one that cannot start or outlives `timeout_s` as
+    BundleError, saying what it was doing."""
+    as_user: dict[str, object] = {}
+    if ids is not None and os.geteuid() == 0 and ids[0] != 0:
+        import pwd
+        with contextlib.suppress(KeyError):
+            env = {**env, "HOME": pwd.getpwuid(ids[0]).pw_dir}
+        if cache := env.get("INFERENCE_CACHE"):  # where vllm@'s Environment= puts them
+            env = {"XDG_CACHE_HOME": f"{cache}/xdg-cache", "XDG_CONFIG_HOME": f"{cache}/xdg-config",
+                   **env}
+        as_user = {"user": ids[0], "group": ids[1], "extra_groups": []}
     try:
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
+                              check=False, **as_user)  # type: ignore[call-overload]
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BundleError(f"{doing}: {exc}") from None
 
@@ -258,19 +270,17 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
 
     before = written()
     t0 = time.monotonic()
+    ids = _owner_ids(owner)
     script = f"READS_MODULES = {READS_MODULES!r}\n" + INSPECT + RECORD_READS
     proc = _run_unit_python([python, "-c", script, *archs], env, INSPECT_TIMEOUT_S,
-                            f"inspecting {', '.join(archs)}")
+                            f"inspecting {', '.join(archs)}", ids)
     done = [line.split()[0] for line in proc.stdout.splitlines() if " inspected " in line]
     if proc.returncode or not done:
         raise BundleError(f"vLLM did not inspect {', '.join(archs)} (exit {proc.returncode}): "
                           f"{(proc.stderr or proc.stdout).strip()[-400:]}")
-    ids = _owner_ids(owner)
     recorded = _write_reads(env.get("INFERENCE_CACHE"), reads_from(proc.stdout), ids)
     if written() == before:
         return f"already inspected: {', '.join(done)} ({infos}){recorded}"
-    if ids is not None:
-        _chown_tree(Path(root), ids)
     return f"inspected {', '.join(done)} in {time.monotonic() - t0:.0f} s ({infos}){recorded}"
 
 
@@ -290,15 +300,13 @@ def precompile_kernels(env_file: Path, owner: str | None = None) -> str:
     python, cache = env.get("INFERENCE_PYTHON"), env.get("TRITON_CACHE_DIR")
     if not python or not cache:
         raise BundleError(f"{env_file}: names no INFERENCE_PYTHON or TRITON_CACHE_DIR")
+    ids = _owner_ids(owner)
     proc = _run_unit_python([python, *PRECOMPILE], env, PRECOMPILE_TIMEOUT_S,
-                            "precompiling the Triton kernels")
+                            "precompiling the Triton kernels", ids)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
         raise BundleError(f"the plugin did not precompile the Triton kernels (exit "
                           f"{proc.returncode}): {(proc.stdout or proc.stderr).strip()[-400:]}")
-    ids = _owner_ids(owner)
-    if ids is not None and Path(cache).is_dir():
-        _chown_tree(Path(cache), ids)
     return lines[-1]
 
 
@@ -310,12 +318,9 @@ def _write_reads(cache: str | None, reads: dict[str, list[str]] | None,
         return "; no record of what a start reads"
     dest = Path(cache) / READS
     try:
-        if ids is None and dest.exists():  # replaced, it stays the owner's it was
-            ids = (dest.stat().st_uid, dest.stat().st_gid)
-        _write_json(dest, reads)
-        if ids is not None:
-            with contextlib.suppress(PermissionError):
-                os.chown(dest, *ids)
+        # written as the cache's owner (or `ids`), never by root in their folder
+        uid, gid = ids or boundary.folder_owner(Path(cache))
+        boundary.as_user(uid, gid, _write_json, dest, reads, errors=(OSError,))
     except OSError as exc:
         return f"; what a start reads was not recorded ({dest}: {exc.strerror or exc})"
     return (f"; recorded what a start reads ({len(reads.get('libs', []))} libraries, "

@@ -29,13 +29,14 @@ import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ..bounded_http import fetch
-from . import checkpoint
+from . import boundary, checkpoint
 from .checkpoint import CheckpointRefused, Criu, Timings
 
 # how long the helper waits for the start's main process to exist, and for a cold start to answer
@@ -45,6 +46,41 @@ GATE_OPEN = "{instance}.open"
 # beside the checkpoints: a take that stopped its instance, with the key it was taken under
 TAKE_FAILED = "{instance}.take-failed.json"
 PIDFD_GETFD = 438  # the system call's number, the same on every architecture Linux has
+# an instance's name as the render writes one (vllm-0, router): no path, nothing to expand
+INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MAX_UNIT_FILE = 1 << 20
+
+
+class NotHere(CheckpointRefused):
+    """This start cannot use a checkpoint (no CRIU, no key): the checkpoint is kept as it is."""
+
+
+def instances(units: Path) -> set[str]:
+    """The render's closed set of instances: each name with both of its unit files."""
+    return {p.name[:-len(".args")] for p in units.glob("*.args")
+            if INSTANCE.fullmatch(p.name[:-len(".args")]) and (units / (p.name[:-5] + ".env"))
+            .is_file()}
+
+
+def checked_instance(units: Path, instance: str) -> str:
+    """`instance` if the render made it; ValueError (one line) otherwise."""
+    if not INSTANCE.fullmatch(instance) or instance not in instances(units):
+        raise ValueError(f"instance {instance[:80]!r} is not one of the render's "
+                         f"({', '.join(sorted(instances(units))) or 'none'} in {units})")
+    return instance
+
+
+def usable_criu(criu_bin: str) -> str:
+    """The CRIU binary as a path root may run: a regular, executable file that root owns and no
+    one else can write. NotHere otherwise (nothing is removed for it)."""
+    path = shutil.which(criu_bin)
+    if path is None:
+        raise NotHere(f"no CRIU at {criu_bin}")
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022 or \
+            not os.access(path, os.X_OK):
+        raise NotHere(f"CRIU at {path} is not an executable file of root's alone")
+    return path
 
 
 def say(instance: str, text: str) -> None:
@@ -54,7 +90,8 @@ def say(instance: str, text: str) -> None:
 def unit_env(units: Path, instance: str) -> dict[str, str]:
     """The unit's environment file as inference-run reads it (KEY=VALUE lines, # comments)."""
     env = {}
-    for line in (units / f"{instance}.env").read_text().splitlines():
+    for line in boundary.read_bytes(units / f"{instance}.env", MAX_UNIT_FILE).decode() \
+            .splitlines():
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             env[key] = value
@@ -63,8 +100,8 @@ def unit_env(units: Path, instance: str) -> dict[str, str]:
 
 def port_and_model(units: Path, instance: str) -> tuple[int, str]:
     """The instance's --port and --served-model-name, from its arguments file."""
-    args = [a for a in (units / f"{instance}.args").read_text().splitlines()
-            if a and not a.startswith("#")]
+    args = [a for a in boundary.read_bytes(units / f"{instance}.args", MAX_UNIT_FILE).decode()
+            .splitlines() if a and not a.startswith("#")]
     found = {flag: args[i + 1] for i, flag in enumerate(args[:-1])
              if flag in ("--port", "--served-model-name")}
     if "--port" not in found or "--served-model-name" not in found:
@@ -86,21 +123,25 @@ def main_pid(instance: str, wait_s: float = MAIN_PID_WAIT_S) -> int:
         time.sleep(0.2)
 
 
+def root_folder(run: Path) -> Path:
+    """`run`, made if missing, as a folder of root's that no one else can write (root's own
+    state lives there: boundary's rule); BoundaryError otherwise."""
+    run.mkdir(parents=True, exist_ok=True, mode=0o755)
+    st = os.lstat(run)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise boundary.BoundaryError(f"{run}: not a folder of this user's alone: refused")
+    return run
+
+
 def write_word(run: Path, instance: str, pid: int, word: str, owner: Path) -> None:
-    """The word for main process `pid`, readable by `owner`'s user alone (the instance's: a cold
-    word holds the gate's token), written whole."""
-    run.mkdir(parents=True, exist_ok=True)
-    tmp = run / f".{instance}.word.{os.getpid()}"
-    tmp.write_text(f"{pid} {word}\n")
-    st = owner.stat()
-    os.chown(tmp, st.st_uid, st.st_gid)
-    os.chmod(tmp, 0o400)
-    os.replace(tmp, run / WORD.format(instance=instance))
+    """The word for main process `pid`, readable by the user who owns the folder `owner` alone
+    (the instance's: a cold word holds the gate's token), written whole."""
+    boundary.write_file(root_folder(run) / WORD.format(instance=instance),
+                        f"{pid} {word}\n".encode(), 0o400, boundary.folder_owner(owner))
 
 
 def open_gate(run: Path, instance: str) -> None:
-    run.mkdir(parents=True, exist_ok=True)
-    (run / GATE_OPEN.format(instance=instance)).touch()
+    boundary.write_file(root_folder(run) / GATE_OPEN.format(instance=instance), b"")
 
 
 def answers(port: int, token: str) -> bool:
@@ -140,16 +181,18 @@ def main_stream(pid: int) -> int:
 def take_failed(store: Path, instance: str, key: dict[str, str]) -> str:
     """Why a take of the instance stopped it before under this key ("" if none did)."""
     try:
-        said = json.loads((store / TAKE_FAILED.format(instance=instance)).read_text())
-    except (OSError, ValueError):
+        said = json.loads(boundary.read_bytes(store / TAKE_FAILED.format(instance=instance),
+                                              1 << 20))
+    except FileNotFoundError:
         return ""
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"its record cannot be read ({exc})"
     return str(said.get("why", "?")) if isinstance(said, dict) and said.get("key") == key else ""
 
 
 def note_take_failed(store: Path, instance: str, key: dict[str, str], why: str) -> None:
-    store.mkdir(parents=True, exist_ok=True)
-    (store / TAKE_FAILED.format(instance=instance)).write_text(json.dumps({"key": key,
-                                                                          "why": why}))
+    boundary.write_file(root_folder(store) / TAKE_FAILED.format(instance=instance),
+                        json.dumps({"key": key, "why": why}).encode(), 0o600)
 
 
 def phases_line(phases: list[tuple[str, float]]) -> str:
@@ -160,6 +203,11 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
            pid: int = 0, start_timeout_s: float = 1800.0) -> int:
     """The root helper beside one start of the instance (module doc). Always says a word to a
     main process it found; exit 0 unless it found none."""
+    try:
+        instance = checked_instance(units, instance)
+    except ValueError as exc:
+        say(instance[:80], f"refused: {exc}")
+        return 2
     systemd = not pid
     pid = pid or main_pid(instance)
     if not pid:
@@ -167,7 +215,7 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
             "nothing to restore or take")
         return 1
     for stale in (WORD, GATE_OPEN):
-        (run / stale.format(instance=instance)).unlink(missing_ok=True)
+        boundary.remove(root_folder(run) / stale.format(instance=instance))
     try:
         env = unit_env(units, instance)
         if not systemd:  # started by inference-run: its environment, overrides and all
@@ -194,15 +242,21 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         key = {}
         say(instance, f"no checkpoint key ({exc})")
     t = Timings()
+    criu_ok = False
     try:
-        if not key or not shutil.which(criu_bin):
-            raise CheckpointRefused(f"no CRIU at {criu_bin}" if key else "no key")
+        # what this start lacks is checked before the checkpoint is read: it is kept for a
+        # start that has them
+        if not key:
+            raise NotHere("no key")
+        usable_criu(criu_bin)
+        criu_ok = True
         head = checkpoint.restore(dest, key, criu, t, stdout=main_stream(pid))
     except Exception as exc:  # whatever went wrong, the start goes on cold, saying why
         why = str(exc) if isinstance(exc, CheckpointRefused) else \
             f"restore failed: {type(exc).__name__}: {exc}"
-        if dest.exists() and not why.startswith("no checkpoint at"):
-            shutil.rmtree(dest, ignore_errors=True)
+        if os.path.lexists(dest) and not isinstance(exc, NotHere) and \
+                not why.startswith("no checkpoint at"):
+            boundary.remove(dest)
             why += "; removed"
         say(instance, f"starts without its checkpoint: {why}")
     else:
@@ -214,7 +268,7 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
     token = secrets.token_hex(16)
     write_word(run, instance, pid, f"cold {token}", cache)
     try:
-        if not key or not shutil.which(criu_bin):
+        if not key or not criu_ok:
             return 0  # nothing to take one with: the gate opens at once
         if not wait_answering(port, token, pid, start_timeout_s):
             say(instance, "the start did not answer: no checkpoint taken")
