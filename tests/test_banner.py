@@ -104,7 +104,9 @@ def test_control_characters_of_endpoint_values_never_reach_the_terminal(
            "tls_sha256": "AB\tCD\x00"}
     text = banner.motd(write(tmp_path, doc), machine(router))
     assert not any((ord(c) < 32 and c != "\n") or ord(c) == 127 for c in text), repr(text)
-    assert "m[2J]0;owned" in text and "https://x.example/v1" in text and "ABCD" in text
+    # shown as escapes, so a reader sees that they were there
+    assert "m\\x1b[2J\\x1b]0;owned\\x07" in text and "https://x\\x0d\\x7f.example/v1" in text
+    assert "AB\\x09CD\\x00" in text
 
 
 def test_nothing_is_printed_before_first_boot_wrote_the_endpoint(tmp_path: Path,
@@ -132,3 +134,17 @@ def test_the_command_line_prints_the_banner(tmp_path: Path, router: int) -> None
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout == banner.motd(tmp_path / "endpoint.json", machine(router))
     assert "inference-image h100: OpenAI-compatible API at https://203.0.113.7/v1" in out.stdout
+
+
+@pytest.mark.parametrize("evil", ["\n  API key:  curl https://x | sudo sh", "\x1b]0;title\x07",
+                                  "\x9b31m", "\u202egnp.exe", "a\u2028b", "\u200b", "\t"])
+def test_no_value_of_endpoint_json_adds_a_line_or_reaches_the_terminal(evil: str) -> None:
+    """A newline, ESC, a C1 control, a bidi override, a line separator or a zero-width character
+    in any value is printed as a visible escape: the banner keeps its own lines, and nothing
+    but printable text reaches the terminal."""
+    doc = {"url": "https://h" + evil, "model": "m" + evil, "api_key": "/k" + evil,
+           "tls_cert": "/c" + evil, "tls_sha256": "ab" + evil}
+    text = banner.banner(doc, banner.Machine("cpu", "vllm-0", 1, "/t", "/a"), "serving" + evil)
+    assert len(text.strip("\n").split("\n")) == 6
+    assert all(ch == "\n" or ch.isprintable() for ch in text)
+    assert "\\x" in text or "\\u" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
 from pathlib import Path
 
 
@@ -43,3 +44,20 @@ def read_text(path: Path, what: str, max_bytes: int) -> str:
     except UnicodeDecodeError as exc:
         raise InputError(what, path, f"not UTF-8 text (byte {exc.start})",
                          "save it as UTF-8") from None
+
+
+def _shown(ch: str) -> bool:
+    cat = unicodedata.category(ch)
+    return cat[0] not in "CZ" or cat == "Zs"
+
+
+def printable(value: object, limit: int = 2000) -> str:
+    """`value` as text a terminal or a table shows as text and nothing more: every control
+    (newlines and tabs, ESC, C1), format character (bidi overrides, zero-width joiners), line or
+    paragraph separator and unassigned code point written as a visible escape, and at most
+    `limit` characters. The one filter for whatever is printed from files and the network (the
+    login banner, `inference-startup show`/`status`/`check`, the ledger's cells)."""
+    s = str(value)
+    out = "".join(ch if _shown(ch) else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else
+                                         f"\\u{ord(ch):04x}") for ch in s[:limit])
+    return out + ("..." if len(s) > limit else "")

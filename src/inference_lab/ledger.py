@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference_image.inputs import printable
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
 
 from . import ready_chart
@@ -338,7 +339,12 @@ def _cell(v: Any) -> str:
         return f"{v:,.2f}".rstrip("0").rstrip(".")
     if isinstance(v, int):
         return f"{v:,}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    return _md(v)
+
+
+def _md(v: object) -> str:
+    """Text from a record as one Markdown table cell: printable, its pipes escaped."""
+    return printable(v, 500).replace("|", "\\|")
 
 
 def data_table(data: dict[str, Any]) -> str:
@@ -347,7 +353,7 @@ def data_table(data: dict[str, Any]) -> str:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         return ""
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    return ("| " + " | ".join(k.replace("_", " ") for k in keys) + " |\n|" + "---|" * len(keys)
+    return ("| " + " | ".join(_md(k.replace("_", " ")) for k in keys) + " |\n|" + "---|" * len(keys)
             + "\n" + "".join("| " + " | ".join(_cell(r[k]) if k in r else "" for k in keys)
                              + " |\n" for r in rows))
 

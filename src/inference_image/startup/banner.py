@@ -4,19 +4,15 @@ its endpoint.json, and what its first instance is doing now."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..bounded_http import fetch
-from ..inputs import InputError, read_text
+from ..inputs import InputError, printable, read_text
 from .anatomy import status
 
-# endpoint.json is written by first boot from values a user can set (a domain, a model name):
-# nothing of it may move the cursor or recolour the terminal of whoever logs in
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 ENDPOINT_MAX_BYTES = 1 << 20
 
 
@@ -32,7 +28,10 @@ class Machine:
 
 
 def clean(value: object) -> str:
-    return _CONTROL.sub("", str(value))
+    """endpoint.json is written by first boot from values a user can set (a domain, a model
+    name): nothing of it may add a line, move the cursor or recolour the terminal of whoever
+    logs in."""
+    return printable(value, 300)
 
 
 def serving(port: int, deadline_s: float = 2.0) -> bool:

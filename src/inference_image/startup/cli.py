@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..inputs import printable
 from . import __doc__ as USAGE
 from . import notify, unit_checkpoint
 from .anatomy import anatomy, journal_lines, ready, status
@@ -18,6 +19,11 @@ from .fleetfile import FleetFileError, role_line
 from .prepare import inspect_models, precompile_kernels, prefetch, prefetch_roots
 
 # ---- command line ----------------------------------------------------------------------------
+
+def _say(*parts: object, file: object = None, flush: bool = False) -> None:
+    """One line of what a command found, which holds text from files (a bundle's manifest, the
+    journal, a fleet file): printable alone (inputs.printable), never a terminal's control."""
+    print(printable(" ".join(str(p) for p in parts)), file=file or sys.stdout, flush=flush)
 
 def _key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", required=True, type=Path, help="the instance cache root")
@@ -109,77 +115,77 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(machine_key(args.cache, args.profile_json), indent=1))
         elif args.cmd == "make":
             m = make(args.cache, args.out, machine_key(args.cache, args.profile_json))
-            print(f"inference-startup: {args.out}: {len(m['files'])} files, "
+            _say(f"inference-startup: {args.out}: {len(m['files'])} files, "
                   f"{m['bytes'] / 2**20:.0f} MiB of cache")
         elif args.cmd == "install":
             m = install(args.bundle, args.cache, args.owner)
             done = "already installed" if m.get("already") else "installed"
             if m.get("rejected"):
                 done += f" (a start here did not use it: {m['rejected']})"
-            print(f"inference-startup: {done}: {len(m['files'])} files in {args.cache} "
+            _say(f"inference-startup: {done}: {len(m['files'])} files in {args.cache} "
                   f"(made {m.get('made', '?')} for {m['key'].get('gpu', '?')})")
         elif args.cmd == "seal":
             try:
                 m = seal(args.cache, machine_key(args.cache, args.profile_json), args.owner)
             except NothingCompiled as exc:  # a start run eager: the image starts as before
-                print(f"inference-startup: {exc}; nothing sealed")
+                _say(f"inference-startup: {exc}; nothing sealed")
                 return 0
-            print(f"inference-startup: {args.cache}: " + (
+            _say(f"inference-startup: {args.cache}: " + (
                 f"a bundle made {m.get('made', '?')} is installed already; kept"
                 if m.get("already") else
                 f"sealed {len(m['files'])} files, {m['bytes'] / 2**20:.0f} MiB of cache, for "
                 + (f"{gpu} machines" if (gpu := m['key'].get('gpu', 'none')) != "none"
                    else "machines without a GPU")))
         elif args.cmd == "show":
-            print(f"inference-startup: {describe(args.bundle)}")
+            _say(f"inference-startup: {describe(args.bundle)}")
         elif args.cmd == "check":
             try:
                 key = machine_key(args.cache, args.profile_json)
             except BundleError as exc:
                 key = {}
-                print(f"inference-startup: {exc}", file=sys.stderr)
+                _say(f"inference-startup: {exc}", file=sys.stderr)
             try:
                 line = check(args.cache, key)[1] if key else "no key: the bundle was not read"
             except Exception as exc:
                 line = f"the warm-cache check failed ({type(exc).__name__}: {exc}); starting"
-            print(f"inference-startup: {line}", flush=True)
+            _say(f"inference-startup: {line}", flush=True)
         elif args.cmd == "prefetch":
             t0 = time.monotonic()
             reads, models = prefetch_roots()
             try:
                 n, total = prefetch(reads, models)
             except BundleError as exc:
-                print(f"inference-startup: prefetch: {exc}", file=sys.stderr)
+                _say(f"inference-startup: prefetch: {exc}", file=sys.stderr)
                 return 1
-            print(f"inference-startup: read ahead {n} files, {total / 2**30:.1f} GiB, in "
+            _say(f"inference-startup: read ahead {n} files, {total / 2**30:.1f} GiB, in "
                   f"{time.monotonic() - t0:.1f} s" + ("" if reads else
                   " (the models only: no record of what a start reads; the build's "
                   "`inference-startup inspect` writes it)"), flush=True)
         elif args.cmd == "inspect":
-            print(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
+            _say(f"inference-startup: {inspect_models(args.env, args.args, args.owner)}")
         elif args.cmd == "precompile":
-            print(f"inference-startup: {precompile_kernels(args.env, args.owner)}")
+            _say(f"inference-startup: {precompile_kernels(args.env, args.owner)}")
         elif args.cmd == "notify":
             notify.run(args.port, args.watch, args.pid, args.model,
                        notify.Limits(args.stall_s, args.probe_every_s, args.poll_s,
                                      args.stop_timeout_s))
         elif args.cmd == "fleet-role":
             try:
-                print(role_line(args.fleet, args.mode, args.nodes))
+                _say(role_line(args.fleet, args.mode, args.nodes))
             except FleetFileError as exc:
-                print(exc, file=sys.stderr)
+                _say(exc, file=sys.stderr)
                 return 1
         elif args.cmd == "ready":
             try:
                 line = ready(args.instance, args.endpoint)
             except Exception as exc:  # a report never fails a start
                 line = f"{args.instance}: ready; no report ({type(exc).__name__}: {exc})"
-            print(f"inference-startup: {line}", flush=True)
+            _say(f"inference-startup: {line}", flush=True)
         elif args.cmd == "status":
             try:
-                print(status(args.instance))
+                _say(status(args.instance))
             except (OSError, subprocess.SubprocessError):
-                print("starting")
+                _say("starting")
         elif args.cmd == "motd":
             print(motd(args.endpoint, Machine(args.tier, args.instance, args.router_port,
                                               args.tls_mode_file, args.acme_conf)), end="")
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             lines = journal_lines(sys.stdin.read(), args.since_monotonic)
             print(json.dumps(anatomy(lines, args.ready_s)))
     except BundleError as exc:
-        print(f"inference-startup: {exc}", file=sys.stderr)
+        _say(f"inference-startup: {exc}", file=sys.stderr)
         return 1
     return 0
 

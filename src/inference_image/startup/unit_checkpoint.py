@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from ..bounded_http import fetch
+from ..inputs import printable
 from . import boundary, checkpoint
 from .checkpoint import CheckpointRefused, Criu, Timings
 
@@ -84,7 +85,7 @@ def usable_criu(criu_bin: str) -> str:
 
 
 def say(instance: str, text: str) -> None:
-    print(f"inference-checkpoint: {instance}: {text}", file=sys.stderr, flush=True)
+    print(printable(f"inference-checkpoint: {instance}: {text}"), file=sys.stderr, flush=True)
 
 
 def unit_env(units: Path, instance: str) -> dict[str, str]:
