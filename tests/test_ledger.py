@@ -107,7 +107,7 @@ def test_a_run_is_one_record_and_a_record_is_json(tmp_path: Path) -> None:
                        r"2026-01-01-a.json's\. Fix: one record a run"):
         ledger.records(tmp_path)
     (tmp_path / "2026-01-01-b.json").write_bytes(b"\xff{")
-    with pytest.raises(ledger.LedgerError, match=r"^2026-01-01-b.json: not JSON"):
+    with pytest.raises(ledger.LedgerError, match=r"2026-01-01-b.json: not UTF-8 text"):
         ledger.records(tmp_path)
 
 

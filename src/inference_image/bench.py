@@ -24,10 +24,11 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from . import bounded_http
-from .inputs import InputError, read_text
+from .inputs import InputError, read_json, read_text
 from .profiles import ProfileErrors, default_profiles_dir, resolve
 from .schema import SCENARIOS, Scenario, bad_scenario_spec, scenario_spec
 from .vllm_bench_batch import GO, MARK
@@ -113,9 +114,31 @@ def bench_command(
                         warmup=warmup)]
 
 
+class BenchResult(BaseModel):
+    """What a row reads of `vllm bench serve`'s result file (vLLM writes NaN latencies for a row
+    where no request finished: read as none)."""
+    model_config = ConfigDict(extra="allow")
+    completed: int = Field(0, ge=0, description="requests that finished")
+    failed: int = Field(0, ge=0, description="requests that failed")
+
+
+def _result(d: Any, where: str) -> dict[str, Any]:
+    """vLLM bench's result as a row reads it; BenchError naming the field that is wrong."""
+    try:
+        BenchResult.model_validate(d)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise BenchError(f"{where}: vllm bench serve's result has {'.'.join(map(str, e['loc']))}"
+                         f" {e.get('input')!r:.60}: {e['msg']}") from None
+    return dict(d)
+
+
 def row_from_result(d: dict[str, Any], scenario: str, c: int, config: str) -> dict[str, Any]:
     def g(k: str) -> float:
-        return round(float(d.get(k) or 0.0), 3)
+        v = d.get(k)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            return 0.0
+        return round(float(v), 3)
     return {
         "config": config, "scenario": scenario, "concurrency": c,
         "completed": int(d.get("completed") or 0), "failed": int(d.get("failed") or 0),
@@ -276,11 +299,21 @@ def run(
                 sc, c, fname, _ = plan[k]
                 if fname is None:  # the warm-up: the measured run's counters start here
                     counters = engine_counters(metrics_url) if metrics_url else None
+                    if metrics_url and counters is None and not rows:
+                        # no /metrics to read (a router's, an unreadable one): the rows go
+                        # without the counters rather than wait on it before and after each
+                        print(f"bench: no counters at {metrics_url}/metrics: the rows carry no "
+                              "prefix-cache or acceptance figures", file=sys.stderr)
+                        metrics_url = None
                     continue
                 res = tmp / fname
                 if not res.exists():
                     raise BenchError(f"vllm bench serve wrote no result for {sc.name} c={c}")
-                row = row_from_result(json.loads(res.read_text()), sc.name, c, config)
+                try:
+                    got = json.loads(read_text(res, "vllm bench serve's result", 256 * 2**20))
+                except (InputError, ValueError) as exc:
+                    raise BenchError(f"{sc.name} c={c}: {exc}") from None
+                row = row_from_result(_result(got, f"{sc.name} c={c}"), sc.name, c, config)
                 if row["completed"] == 0:  # vLLM's bench exits 0 when every request failed
                     raise BenchError(f"no request completed at {sc.name} c={c} ({row['failed']} failed). "
                                      f"Fix: check that {url} serves {model!r}"
@@ -348,7 +381,7 @@ class BenchError(Exception):
 
 
 METRICS_MAX_BYTES = 16 * 2**20
-METRICS_DEADLINE_S = 15.0
+METRICS_DEADLINE_S = 5.0
 
 
 def read_url(url: str, max_bytes: int = METRICS_MAX_BYTES, deadline_s: float | None = None
@@ -405,6 +438,8 @@ def parse_engine_counters(text: str) -> dict[str, float] | None:
         # a counter's samples: NAME_total, and NAME_created (a timestamp, not a count)
         if not name.startswith(COUNTERS) or not name.endswith("_total"):
             continue
+        if not math.isfinite(value) or value < 0:  # a counter is a finite count: a page that
+            return None                            # says otherwise is no reading at all
         pos = labels.get("position")
         key = f"{name}[{pos}]" if pos is not None and pos.isdigit() else name
         out[key] = out.get(key, 0.0) + value
@@ -637,10 +672,9 @@ def _bench_file(path: str) -> dict[str, Any]:
     if "#" in path and not Path(path).exists():
         path, machine = path.rsplit("#", 1)
     try:
-        doc = json.loads(read_text(Path(path), "result", 64 * 2**20))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno}). Fix: pass a JSON "
-                         "file written by `bench run`") from None
+        doc = read_json(Path(path), "result", 64 * 2**20, "pass a JSON file written by `bench run`")
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
     doc = _proof_rows(doc, path, machine)
     runs = doc.get("runs") if isinstance(doc, dict) else None
     need = ("scenario", "concurrency", "output_tok_s", "ttft_ms_p99")
@@ -649,7 +683,26 @@ def _bench_file(path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: not a result of `bench run` or a proof record with bench rows "
                          f"(want rows that have {', '.join(need)}). Fix: pass the .json `bench "
                          "run` wrote, or a record under docs/benchmarks/")
+    for i, r in enumerate(runs):
+        try:
+            BenchRow.model_validate(r)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            raise ValueError(f"{path}: row {i}: {'.'.join(map(str, e['loc']))} "
+                             f"{e.get('input')!r:.60}: {e['msg']}. Fix: pass the .json `bench "
+                             "run` wrote, or a record under docs/benchmarks/") from None
     return doc
+
+
+class BenchRow(BaseModel):
+    """What `bench compare` reads of a row: finite figures, a scenario, a concurrency and a
+    configuration that are names and numbers."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    config: str = Field("", max_length=200, description="the row's configuration label")
+    scenario: str = Field(max_length=200, description="the scenario's name")
+    concurrency: int = Field(ge=1, le=1_000_000, description="requests in flight")
+    output_tok_s: float = Field(ge=0, description="output tokens a second")
+    ttft_ms_p99: float | None = Field(ge=0, description="time to first token, p99, ms")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -704,11 +757,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".bench-"):
+            pass  # writable, before the first run rather than after it
+        for suffix in (".json", ".md", ".log"):
+            f = out / f"{args.label}{suffix}"
+            if f.is_dir() or f.is_symlink():
+                raise IsADirectoryError(21, f"{f} is a folder or a link")
+        (out / f"{args.label}.json").unlink(missing_ok=True)  # no stale result beside a cut-off run
     except OSError as exc:
-        print(f"error: --out {args.out}: {exc.strerror}. Fix: pass a directory path",
+        print(f"error: --out {args.out}: cannot write the results there ({exc.strerror or exc})."
+              " Fix: pass a directory you can write, whose result names are free",
               file=sys.stderr)
         return 1
-    (out / f"{args.label}.json").unlink(missing_ok=True)  # no stale result beside a cut-off run
     try:
         result = run(url=args.url.rstrip("/"), model=model, tokenizer=args.tokenizer,
                      scenarios=scenarios, concurrency=conc, config=args.label,

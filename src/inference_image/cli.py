@@ -116,6 +116,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         return _fail(["render: name one tier, as `render h100` or `render --profile h100`. Fix: "
                       "give it once"])
     tier = args.tier or args.profile
+    if args.out is not None and not args.out.strip():
+        return _fail(["render: --out is empty. Fix: give an output directory, or leave --out out "
+                      f"for build/{tier}"])
     try:
         r = resolve(tier, _pdir(args), overrides=args.set)
         out = Path(args.out or f"build/{tier}")

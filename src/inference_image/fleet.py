@@ -35,6 +35,8 @@ from typing import Annotated, Any
 import tenacity
 import yaml
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     IPvAnyNetwork,
     StringConstraints,
@@ -44,6 +46,7 @@ from pydantic import (
 from .fleet_api import FleetError, client
 from .fleet_api import address as _address
 from .fleet_api import call as _call
+from .inputs import InputError, read_json
 from .profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
 from .render import PATHS, scrape_targets
 from .schema import Name, Slug, Strict
@@ -51,7 +54,7 @@ from .tables import text_table
 
 Uuid = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")]
 # a snapshot id, or the path of a Packer manifest.json that names one
-SnapshotRef = Annotated[str, StringConstraints(pattern=r"^([0-9]+|[A-Za-z0-9._/-]+\.json)$")]
+SnapshotRef = Annotated[str, StringConstraints(pattern=r"^([0-9]{1,19}|[A-Za-z0-9._/-]{1,1024}\.json)$")]
 SshKey = Annotated[str, StringConstraints(pattern=r"^([0-9]+|[0-9a-f]{2}(:[0-9a-f]{2}){15})$")]
 ROUTER_PLACEHOLDER = "<the router's private IPv4, once it exists>"
 
@@ -132,18 +135,40 @@ def load(path: Path) -> FleetSpec:
         raise ProfileErrors(pydantic_errors(exc, FleetSpec, {}, str(path))) from None
 
 
+class PackerBuild(BaseModel):
+    """One build of Packer's manifest post-processor (only what a fleet reads of it)."""
+    model_config = ConfigDict(extra="ignore")
+    builder_type: str = Field("", max_length=200, description="the builder (digitalocean, qemu)")
+    artifact_id: str = Field("", max_length=4096, description="digitalocean: REGIONS:SNAPSHOT_ID")
+
+
+class PackerManifest(BaseModel):
+    """Packer's manifest.json, as `make image` writes it."""
+    model_config = ConfigDict(extra="ignore")
+    builds: list[PackerBuild] = Field(default_factory=list, max_length=10_000,
+                                      description="every build the manifest records, oldest first")
+
+
+def _first_error(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    return f"{'.'.join(str(x) for x in e['loc']) or 'the file'}: {e['msg']}"
+
+
 def snapshot_id(ref: str, region: str, base: Path) -> tuple[int, str]:
     """The snapshot's id and where it came from. A manifest must name a DigitalOcean build whose
     snapshot is in the fleet's region (a droplet is made only where its image is)."""
     if ref.isdigit():
         return int(ref), "given"
     path = base / ref  # an absolute ref stays itself
+    fix = "give the snapshot id, or the manifest.json of `make image GPU=<tier> BUILDER=digitalocean`"
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise FleetError(f"snapshot: cannot read {path} ({exc}). Fix: give the snapshot id, or the "
-                         "manifest.json of `make image GPU=<tier> BUILDER=digitalocean`") from None
-    builds = [b for b in manifest.get("builds", []) if b.get("builder_type") == "digitalocean"]
+        manifest = PackerManifest.model_validate(read_json(path, "snapshot", 16 * 2**20, fix))
+    except InputError as exc:
+        raise FleetError(str(exc)) from None
+    except ValidationError as exc:
+        raise FleetError(f"snapshot: {path} is not a Packer manifest ({_first_error(exc)}). Fix: "
+                         f"{fix}") from None
+    builds = [b.model_dump() for b in manifest.builds if b.builder_type == "digitalocean"]
     if not builds:
         raise FleetError(f"snapshot: {path} names no DigitalOcean build. Fix: give the manifest of a "
                          "BUILDER=digitalocean build, or the snapshot id")

@@ -103,7 +103,7 @@ ANSWERS: dict[str, type[_Answer]] = {
     "vpcs.list": _Vpcs,
 }
 # a whole call, answer included: pydo's transport times each read, not an answer that trickles
-API_DEADLINE_S = 120.0
+API_DEADLINE_S = 30.0
 
 
 class _Deadline(Exception):

@@ -4,6 +4,7 @@ symlink) or a huge file would otherwise hang the command or exhaust its memory."
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import unicodedata
@@ -61,3 +62,72 @@ def printable(value: object, limit: int = 2000) -> str:
     out = "".join(ch if _shown(ch) else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else
                                          f"\\u{ord(ch):04x}") for ch in s[:limit])
     return out + ("..." if len(s) > limit else "")
+
+
+MAX_DEPTH = 64
+MAX_DIGITS = 100
+
+
+def _depth(text: str) -> int:
+    """How deeply `text`'s JSON arrays and objects nest (strings skipped), without parsing it."""
+    depth = deepest = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON has")
+
+
+def _finite_float(s: str) -> float:
+    v = float(s)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{s[:40]} is too large for a number")
+    return v
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a number of {len(s)} digits")
+    return int(s)
+
+
+def parse_json(text: str, where: str = "JSON", max_depth: int = MAX_DEPTH) -> object:
+    """JSON text as data, or ValueError in one line: nested past `max_depth`, NaN or Infinity
+    (not JSON, though Python writes them), or a number of more than MAX_DIGITS digits."""
+    if (d := _depth(text)) > max_depth:
+        raise ValueError(f"{where}: nested {d} levels deep, more than {max_depth}")
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int,
+                          parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: not JSON ({exc})") from None
+
+
+def read_json(path: Path, what: str, max_bytes: int, fix: str = "name the file the tool wrote",
+              max_depth: int = MAX_DEPTH) -> object:
+    """The one reader of a JSON file a command is pointed at: a regular file (never a FIFO or a
+    device), at most `max_bytes`, UTF-8, JSON with finite numbers of bounded size, nested at most
+    `max_depth` deep. InputError naming the file, the problem and `fix` otherwise."""
+    text = read_text(path, what, max_bytes)
+    try:
+        return parse_json(text, "it", max_depth)
+    except ValueError as exc:
+        raise InputError(what, path, str(exc).removeprefix("it: "), fix) from None

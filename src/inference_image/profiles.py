@@ -29,7 +29,7 @@ from .vllm_flags import (  # noqa: F401  (re-exported)
     TRUST_FLAGS,
     extra_args_problems,
 )
-from .yaml_input import MAX_DEPTH, DuplicateKey, TooComplex, bounded_yaml
+from .yaml_input import MAX_DEPTH, ComplexKey, DuplicateKey, TooComplex, bounded_yaml
 
 CATALOG_FILE = "_catalog.yaml"
 
@@ -183,7 +183,11 @@ def list_tiers(profiles_dir: Path) -> list[str]:
     if not profiles_dir.is_dir():
         raise ProfileErrors([ProfileError(_rel(profiles_dir), "", "not a directory of profiles",
                                           "give --profiles-dir the directory with the tier files")])
-    return sorted(p.stem for p in profiles_dir.glob("*.yaml") if not p.name.startswith("_"))
+    tiers = sorted(p.stem for p in profiles_dir.glob("*.yaml") if not p.name.startswith("_"))
+    if not tiers:
+        raise ProfileErrors([ProfileError(_rel(profiles_dir), "", "holds no profile (TIER.yaml)",
+                                          "give --profiles-dir the directory with the tier files")])
+    return tiers
 
 
 def _rel(path: Path) -> str:
@@ -209,6 +213,26 @@ DCGM_EXPORTER_PORT = 9400
 # mtail, on loopback (its own default port), counting the public port's answers by status from
 # nginx's log of them: the same.
 STATUS_EXPORTER_PORT = 3903
+def yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
+    """(what is wrong, the fix) for a YAML error, naming where and what it met."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = str(getattr(exc, "problem", "") or "")
+    if isinstance(exc, ComplexKey):
+        return str(exc), "write keys as plain words"
+    if isinstance(exc, yaml.reader.ReaderError):
+        ch = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return (f"a character YAML does not allow (U+{ch:04X}) at character {exc.position}",
+                "remove it: a profile is plain UTF-8 text")
+    if isinstance(exc, yaml.constructor.ConstructorError) and "tag" in problem:
+        tag = re.search(r"tag '([^']*)'", problem)
+        name = tag[1].replace("tag:yaml.org,2002:", "!!") if tag else "an explicit tag"
+        return (f"a YAML tag ({name}) at {where}: tags are not read",
+                "write the plain value, without a tag")
+    return f"YAML syntax error at {where or 'an unknown place'}" + (
+        f" ({problem})" if problem else ""), "fix the YAML syntax"
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         try:
@@ -225,11 +249,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ProfileErrors([ProfileError(_rel(path), str(exc), "given twice (YAML keeps only the "
                                           "last)", "keep one")]) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        raise ProfileErrors(
-            [ProfileError(_rel(path), "", f"YAML syntax error at {where}", "fix the YAML syntax")]
-        ) from None
+        raise ProfileErrors([ProfileError(_rel(path), "", *yaml_problem(exc))]) from None
     if data is None:
         raise ProfileErrors([ProfileError(_rel(path), "", "the file is empty",
                                           "write its `key: value` settings")])
@@ -264,7 +284,16 @@ def _mark(d: dict[str, Any], prov: dict[str, str], src: str, prefix: str) -> Non
             _mark(val, prov, src, f"{prefix}{key}.")
 
 
+# profiles extend at most this many others: the shipped chains are two deep
+MAX_EXTENDS = 8
+
+
 def _load_chain(path: Path, prov: dict[str, str], chain: list[Path]) -> dict[str, Any]:
+    if len(chain) > MAX_EXTENDS:
+        raise ProfileErrors([ProfileError(
+            _rel(chain[0]), "extends", f"a chain of more than {MAX_EXTENDS} profiles ("
+            + " -> ".join(p.name for p in chain[:4]) + " -> ...)",
+            "extend a profile that extends few others, e.g. `extends: _gpu.yaml`")])
     data = read_yaml(path)  # first: a file that cannot be read (a link loop) is said as such
     if path.resolve() in [c.resolve() for c in chain]:
         raise ProfileErrors(

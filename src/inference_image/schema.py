@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
-Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$")]
 # Values that reach a Packer var file, pip or a shell: a closed alphabet, so nothing they hold can
 # end a quoted string or start another argument.
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
@@ -394,6 +394,14 @@ class Router(Strict):
         True, description="serve the machine's metrics (each vLLM instance, the router, node "
         "exporter) on the public port under /metrics/<target> to a holder of the scrape token "
         "first boot makes (root only, not the API key); false: those routes are 404")
+
+    @field_validator("bind", mode="before")
+    @classmethod
+    def _address_text(cls, v: object) -> object:
+        # pydantic reads a whole number as an address (4294967296 is ::1:0:0): an address is text
+        if not isinstance(v, str):
+            raise ValueError(f"{v!r} is not an address: write it as text, e.g. 0.0.0.0 or ::")
+        return v
 
     @field_validator("bind")
     @classmethod

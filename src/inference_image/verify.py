@@ -51,7 +51,8 @@ class Target:
             return f"podman://{self.host}"
         if self.kind == "local":
             return "local://"
-        url = f"paramiko://{self.user}@{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6 in a URL
+        url = f"paramiko://{self.user}@{host}:{self.port}"
         return url + (f"?ssh_identity_file={identity}" if identity else "")
 
 
@@ -63,8 +64,8 @@ def parse_target(spec: str, user: str) -> Target:
     if spec.startswith("podman://"):
         name = spec.removeprefix("podman://")
         if not CONTAINER.fullmatch(name):
-            raise VerifyError(f"--host {spec!r}: podman://NAME takes a container name (letters, "
-                              "digits, _ . -)")
+            raise VerifyError(f"--host {spec!r}: not a container name. Fix: podman://NAME takes "
+                              "a container's name (letters, digits, _ . -)")
         return Target("podman", name)
     if spec in ("local://", "localhost://"):
         return Target("local", "localhost")
@@ -76,10 +77,22 @@ def parse_target(spec: str, user: str) -> Target:
         port = int(p)
     if not host:
         raise VerifyError("--host is empty: give HOST[:PORT], podman://NAME or local://")
-    if not HOST_NAME.fullmatch(host):
+    if not HOST_NAME.fullmatch(host) and not _ipv6(host):
         raise VerifyError(f"--host {spec!r}: a host name or address (letters, digits, . - _, "
                           "or [IPv6]), then :PORT if not 22")
+    if host.startswith("["):
+        if not _ipv6(host[1:-1]):
+            raise VerifyError(f"--host {spec!r}: {host} is not an IPv6 address")
+        host = host[1:-1]  # the address itself: what a socket connects to
     return Target("ssh", host, port, user)
+
+
+def _ipv6(s: str) -> bool:
+    import ipaddress
+    try:
+        return ipaddress.ip_address(s).version == 6 and "%" not in s
+    except ValueError:
+        return False
 
 
 def remote(t: Target, identity: str | None, command: str, timeout: float = 30.0) -> tuple[int, str]:
@@ -182,7 +195,9 @@ def preflight(t: Target, identity: str | None, timeout: float = 10.0) -> str:
         except socket.gaierror:
             raise VerifyError(f"{t.host}: no such host (DNS lookup failed)") from None
         except OSError as exc:
-            raise VerifyError(f"cannot reach {t.host}:{t.port} over SSH ({exc.strerror or exc})") from None
+            where = f"[{t.host}]" if ":" in t.host else t.host
+            raise VerifyError(f"cannot reach {where}:{t.port} over SSH ({exc.strerror or exc})"
+                              ) from None
     read_tier = "import json; print(json.load(open('" + PROFILE_JSON + "'))['tier'])"
     rc, tier = remote(t, identity, f'python3 -c "{read_tier}" 2>/dev/null', timeout=timeout)
     if rc != 0 or not tier.strip():

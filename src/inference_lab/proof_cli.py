@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_image import bench
-from inference_image.inputs import InputError, read_text
+from inference_image.inputs import InputError, read_json, read_text
 from inference_image.profiles import (
     ProfileErrors,
     resolve,
@@ -145,7 +145,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan.min_prompts, plan.prompts_per_concurrency = args.min_prompts, args.prompts_per_concurrency
     text = plan.to_json()
     if args.write:
-        Path(args.write).write_text(text)
+        try:
+            Path(args.write).write_text(text)
+        except OSError as exc:
+            print(f"error: --write {args.write}: {exc.strerror or exc}. Fix: name a file you can "
+                  "write", file=sys.stderr)
+            return 1
         print(f"plan: {len(plan.steps)} steps -> {args.write}")
     else:
         print(text, end="")
@@ -230,11 +235,17 @@ def record(run: int, date: str, note: str, machines: list[str],
         if name in docs:
             raise ProofError(f"--machine {name}: named twice; give each machine its own name")
         try:
-            doc = json.loads(read_text(Path(path), "proof.json", 256 * 2**20))
+            doc = read_json(Path(path), "proof.json", 256 * 2**20)
         except InputError as exc:
             raise ProofError(f"--machine {name}={path}: {exc.why}. Fix: {exc.fix}") from None
         except (ValueError, RecursionError) as exc:
             raise ProofError(f"--machine {name}={path}: not a proof.json ({exc})") from None
+        runs = doc.get("runs") if isinstance(doc, dict) else None
+        if runs is not None and not (isinstance(runs, dict) and all(
+                isinstance(k, str) and isinstance(v, list) and all(isinstance(r, dict) for r in v)
+                for k, v in runs.items())):
+            raise ProofError(f"--machine {name}={path}: its runs are not rows by configuration "
+                             "({\"CONFIG\": [ROW, ...]}): not what a proof step writes")
         # a machine may hold traces or a tune only: measured all the same
         if not isinstance(doc, dict) or not any(doc.get(k) for k in MEASURED):
             raise ProofError(f"--machine {name}={path}: no bench rows, ready times, trace, tune, GEMM or "
@@ -265,8 +276,13 @@ def cmd_record(args: argparse.Namespace) -> int:
     except (ProofError, ProfileErrors) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:
+        print(f"error: {out}: {exc.strerror or exc}. Fix: name a file you can write with --write",
+              file=sys.stderr)
+        return 1
     for name, res in doc["machines"].items():
         tier = doc["tiers"][name]
         print(f"== machine {name} ({tier})\n{assemble(res, renders[tier])}")

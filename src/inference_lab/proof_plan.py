@@ -286,8 +286,20 @@ class Plan:
                               weight_files=str(s.get("weight_files", ""))))
             if why := step_problem(steps[-1]):
                 raise ProofError(f"plan step {i}: {why}")
+        conc = d.get("concurrency", CHAT_CONCURRENCY)
+        if not isinstance(conc, list | tuple) or not conc or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 100_000 for c in conc):
+            raise ProofError(f"the plan's concurrency {conc!r:.80} is not a list of whole numbers "
+                             "from 1 to 100000")
+        for name in ("min_prompts", "prompts_per_concurrency"):
+            v = d.get(name, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100_000:
+                raise ProofError(f"the plan's {name} {v!r:.40} is not a whole number from 1 to "
+                                 "100000")
+        if not isinstance(d.get("tier", "h100"), str):
+            raise ProofError("the plan's tier is not a name")
         return cls(tier=d.get("tier", "h100"),
-                   concurrency=tuple(d.get("concurrency", CHAT_CONCURRENCY)),
+                   concurrency=tuple(conc),
                    min_prompts=int(d.get("min_prompts", 16)),
                    prompts_per_concurrency=int(d.get("prompts_per_concurrency", 4)), steps=steps)
 
