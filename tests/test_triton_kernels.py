@@ -141,3 +141,10 @@ def test_recording_is_a_ready_step_of_the_render_from_the_images_paths() -> None
     assert "give image_paths, and no vanilla" in str(step_problem(
         Step(kind="ready", starts=("cold",), record_triton=True)))
     assert "ready steps only" in str(step_problem(Step(kind="profile", record_triton=True)))
+
+
+@pytest.mark.parametrize("tier", ["../../etc/passwd", "/etc/passwd", "h100/../x", "", "H100"])
+def test_a_kernel_list_is_named_by_its_tier_alone(tier: str) -> None:
+    with pytest.raises(ValueError, match="not a tier's name"):
+        triton_kernels.list_path(tier)
+    assert triton_kernels.list_path("h100").parent == triton_kernels.KERNELS

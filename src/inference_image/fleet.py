@@ -41,6 +41,7 @@ from pydantic import (
     IPvAnyNetwork,
     StringConstraints,
     ValidationError,
+    field_validator,
 )
 
 from .fleet_api import FleetError, client
@@ -77,6 +78,18 @@ class FleetSpec(Strict):
         description="networks (CIDR) of the Prometheus that scrapes the fleet: the workers' "
         "firewall lets them reach the public port, whose /metrics/<target> answers only each "
         "machine's scrape token (`fleet scrape-config` writes the configuration)")
+
+    @field_validator("scrape_from")
+    @classmethod
+    def _a_network_not_everyone(cls, v: list[Any]) -> list[Any]:
+        # each opens the workers' public port (the API too, behind its key): a Prometheus's
+        # network, never everyone's
+        for n in v:
+            if n.prefixlen < (8 if n.version == 4 else 16):
+                raise ValueError(f"{n} would open the workers' public port to "
+                                 f"{'everyone' if n.prefixlen == 0 else 'a network that wide'}"
+                                 ": name the network of the Prometheus that scrapes the fleet")
+        return v
 
 
 @dataclass(frozen=True)
@@ -404,7 +417,10 @@ def describe(p: Plan) -> str:
         f"from anywhere to the router, {p.router_tier.profile.router.internal_port}/tcp from the "
         "workers' tag (they join by vllm-router's add-worker call)",
         f"          {p.firewalls[1]['name']}: {p.firewalls[1]['inbound_rules'][0]['ports']}/tcp from "
-        "the router's tag only, 22/tcp from anywhere",
+        "the router's tag only, 22/tcp from anywhere" + (
+            f"; {t.router.port}/tcp (the workers' public port) from "
+            f"{', '.join(map(str, s.scrape_from))} (scrape_from: their /metrics)"
+            if s.scrape_from else ""),
         f"user-data router: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'router'))}",
         f"user-data worker: {PATHS['fleet']} = {json.dumps(fleet_json(p, 'worker'))}",
         "commands  fleet up (DIGITALOCEAN_TOKEN), fleet status, fleet down --yes; "

@@ -225,6 +225,11 @@ def write(src: Path, dest: Path, workers: int = 0, limit: int = SHARD_BYTES) -> 
     was written (files, bytes, seconds). A `dest` already written from the same config is kept."""
     import time
 
+    # only a folder this tool wrote (its mark) is replaced: anything else there is somebody's
+    if dest.is_symlink() or (dest.is_dir() and not (dest / MARK).is_file()
+                             and any(dest.iterdir())):
+        raise StandinError(f"{dest} holds files this tool did not write (no {MARK}): nothing "
+                           "removed. Fix: move them, or give --weight-files another folder")
     config = json.loads((src / "config.json").read_text())
     files = shards(plan(config), limit)
     mark = dest / MARK

@@ -23,6 +23,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -35,8 +36,29 @@ KERNELS = Path(__file__).with_name("kernels")
 SCHEMA = 1
 
 
+# a tier's name as the render writes it: the list is kernels/<tier>.json and nothing else
+TIER = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}\Z")
+MAX_LIST = 64 * 2**20
+MAX_DEPTH = 32
+
+
 def list_path(tier: str) -> Path:
+    """kernels/<tier>.json; ValueError for a name that is not a tier's (a path, '..')."""
+    if not TIER.match(tier) or ".." in tier:
+        raise ValueError(f"{tier[:80]!r} is not a tier's name")
     return KERNELS / f"{tier}.json"
+
+
+def _depth(doc: Any, limit: int) -> None:
+    stack = [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > limit:
+            raise ValueError(f"nested deeper than {limit} levels")
+        if isinstance(node, dict):
+            stack += [(v, d + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, d + 1) for v in node]
 
 
 # ---- recording (the lab, on a GPU) ------------------------------------------------------------
@@ -197,10 +219,22 @@ def load(tier: str) -> dict[str, Any] | None:
     path = list_path(tier)
     if not path.is_file():
         return None
-    doc = json.loads(path.read_text())
+    if path.stat().st_size > MAX_LIST:
+        raise ValueError(f"{path}: larger than {MAX_LIST // 2**20} MiB")
+    try:
+        doc = json.loads(path.read_text(), parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply") from None
+    _depth(doc, MAX_DEPTH)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a JSON object")
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: schema {doc.get('schema')!r}, this plugin reads {SCHEMA}")
     return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON has")
 
 
 def stale(doc: dict[str, Any]) -> str:

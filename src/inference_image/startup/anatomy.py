@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..inputs import parse_json
+from . import boundary
 from .bundle import _now
 
 # ---- a start's anatomy ------------------------------------------------------------------------
@@ -99,6 +101,9 @@ def journal_lines(text: str, since: float) -> list[tuple[float, str]]:
     """(seconds after `since`, message) from `journalctl -o short-monotonic` output."""
     out = []
     for raw in text.splitlines():
+        # what the phases read sits at a line's start: a longer line is cut, so a start that logs
+        # long lines cannot slow the banner that reads them
+        raw = raw[:MAX_LINE]
         if m := _MONO.match(raw):
             rest = m.group(2)
             # short-monotonic: "[ 123.456789] host unit[pid]: message"
@@ -130,20 +135,19 @@ def ready_report(journal: str, start_s: float, now_s: float) -> dict[str, Any]:
 
 def record_ready(endpoint: Path, instance: str, report: dict[str, Any]) -> None:
     """Add the instance's ready report to the machine's endpoint.json (one writer at a time)."""
-    with open(endpoint.with_name(endpoint.name + ".lock"), "a") as lock:
+    lock_fd = boundary.open_regular(endpoint.with_name(endpoint.name + ".lock"),
+                                    os.O_WRONLY | os.O_CREAT)
+    with os.fdopen(lock_fd, "wb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            doc = json.loads(endpoint.read_text())
-        except (OSError, ValueError):
+            doc = parse_json(boundary.read_bytes(endpoint, 1 << 20).decode(), str(endpoint))
+        except (OSError, ValueError):  # missing, not a regular file, not JSON: written anew
             doc = {}
         if not isinstance(doc, dict):
             doc = {}
         ready = doc.get("ready") if isinstance(doc.get("ready"), dict) else {}
         doc["ready"] = {**ready, instance: report}
-        tmp = endpoint.with_name(f".{endpoint.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(doc) + "\n")
-        tmp.chmod(0o644)
-        tmp.replace(endpoint)
+        boundary.write_file(endpoint, (json.dumps(doc) + "\n").encode(), 0o644)
 
 
 # what a start is doing once it has passed each moment (the login banner says it)
@@ -163,8 +167,13 @@ def _invocation(instance: str) -> tuple[float, str] | None:
 
 def _journal(inv: str) -> str:
     return subprocess.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={inv}", "-o",
-                           "short-monotonic", "--no-pager"], capture_output=True, text=True,
-                          timeout=60, check=False).stdout
+                           "short-monotonic", "--no-pager", "-n", str(MAX_LINES)],
+                          capture_output=True, text=True, timeout=60, check=False).stdout
+
+
+# how much of a start's journal is read: its phases' marks are a few dozen lines
+MAX_LINE = 2000
+MAX_LINES = 20_000
 
 
 def doing(journal: str, start_s: float, now_s: float) -> str:

@@ -3,14 +3,13 @@ its endpoint.json, and what its first instance is doing now."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..bounded_http import fetch
-from ..inputs import InputError, printable, read_text
+from ..inputs import InputError, parse_json, printable, read_text
 from .anatomy import status
 
 ENDPOINT_MAX_BYTES = 1 << 20
@@ -82,7 +81,7 @@ def motd(endpoint: Path, m: Machine) -> str:
     """The banner, or nothing when endpoint.json is missing or not a JSON object (first boot has
     not written it yet): a login is never held up or greeted by a traceback."""
     try:
-        doc = json.loads(read_text(endpoint, "endpoint.json", ENDPOINT_MAX_BYTES))
+        doc = parse_json(read_text(endpoint, "endpoint.json", ENDPOINT_MAX_BYTES))
     except (InputError, ValueError):
         return ""
     if not isinstance(doc, dict):

@@ -16,10 +16,12 @@ import subprocess
 import sys
 import tarfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ..inputs import parse_json
 from . import boundary
 
 SCHEMA = 1
@@ -257,8 +259,8 @@ def read_bundle_manifest(tar: tarfile.TarFile, bundle: Path) -> dict[str, Any]:
                           "make` wrote")
     fh = tar.extractfile(first)
     try:
-        manifest = json.loads(fh.read() if fh else b"")
-    except ValueError as exc:
+        manifest = parse_json((fh.read() if fh else b"").decode(), MANIFEST)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise BundleError(f"{bundle}: {MANIFEST} is not JSON ({exc})") from None
     return _checked_manifest(manifest, str(bundle))
 
@@ -298,8 +300,20 @@ def describe(bundle: Path) -> str:
     try:
         with tarfile.open(bundle, "r:gz") as tar:
             m = read_bundle_manifest(tar, bundle)
-    except (tarfile.TarError, EOFError, OSError) as exc:
+            # to its end, each member's size as its manifest says: a bundle cut short (a copy
+            # that stopped) is refused here, not at every machine's start
+            sizes = {}
+            for member in tar:
+                if member.isreg():
+                    sizes[member.name] = member.size
+                    src = tar.extractfile(member)
+                    while src and src.read(1 << 20):
+                        pass
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise BundleError(f"WARM_CACHE {bundle}: not a readable tar.gz ({exc})") from None
+    if missing := [rel for rel, (size, _) in m["files"].items() if sizes.get(rel) != size]:
+        raise BundleError(f"WARM_CACHE {bundle}: {len(missing)} file(s) of its manifest are "
+                          f"missing or cut short, e.g. {missing[0]}. Fix: copy the bundle again")
     k = m["key"]
     return (f"{bundle}: made {m.get('made', '?')} on {k.get('gpu', '?')} (driver "
             f"{k.get('driver_major', '?')}, vLLM {k.get('vllm', '?')}, torch {k.get('torch', '?')}, "
@@ -329,8 +343,9 @@ def _open_bundle(bundle: Path) -> int:
 
 
 def _json_file(path: Path, max_bytes: int = MAX_MANIFEST) -> Any:
-    """A JSON file of the cache (a regular file, not through a link, bounded)."""
-    return json.loads(boundary.read_bytes(path, max_bytes))
+    """A JSON file of the cache (a regular file, not through a link, bounded in size, depth and
+    numbers: inputs.parse_json)."""
+    return parse_json(boundary.read_bytes(path, max_bytes).decode(), str(path))
 
 
 def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, Any]:

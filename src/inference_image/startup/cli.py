@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +30,13 @@ def _say(*parts: object, file: object = None, flush: bool = False) -> None:
 def _key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", required=True, type=Path, help="the instance cache root")
     p.add_argument("--profile-json", type=Path, help="the render's profile.json")
+
+
+def _port_or_none(s: str) -> str:
+    """notify's port: 1-65535, or '' for an instance with none (a pipeline stage's node)."""
+    if s and not (s.isascii() and s.isdigit() and len(s) <= 5 and 1 <= int(s) <= 65535):
+        raise argparse.ArgumentTypeError(f"{printable(s, 40)!r} is not a port (1-65535)")
+    return s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=1, help="machines one instance spans")
     p = sub.add_parser("notify", help="beside a Type=notify instance: READY=1 once it answers, "
                        "then the watch of a multi-machine instance's other stages")
-    p.add_argument("port")
+    p.add_argument("port", type=_port_or_none, help="the instance's port ('' if it has none)")
     p.add_argument("--watch", default="", help='"", "head" or "node:HOST:PORT"')
     p.add_argument("--pid", type=int, required=True, help="the instance's process")
     p.add_argument("--model", default="", help="the served model name (the head's probe)")
@@ -114,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "key":
             print(json.dumps(machine_key(args.cache, args.profile_json), indent=1))
         elif args.cmd == "make":
+            if not os.environ.get("MODEL_PATH"):
+                _say("inference-startup: make: MODEL_PATH is not set, so the bundle's key would "
+                     "name no model and every machine would refuse it. Fix: run it with the "
+                     "unit's environment (MODEL_PATH, DRAFT_PATH, as inference-run exports them)",
+                     file=sys.stderr)
+                return 1
             m = make(args.cache, args.out, machine_key(args.cache, args.profile_json))
             _say(f"inference-startup: {args.out}: {len(m['files'])} files, "
                   f"{m['bytes'] / 2**20:.0f} MiB of cache")
@@ -166,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "precompile":
             _say(f"inference-startup: {precompile_kernels(args.env, args.owner)}")
         elif args.cmd == "notify":
+            if not os.environ.get("NOTIFY_SOCKET") or not re.fullmatch(
+                    r"|head|node:[A-Za-z0-9._-]{1,255}:[0-9]{1,5}", args.watch):
+                _say("inference-startup: notify: runs beside a Type=notify unit (NOTIFY_SOCKET "
+                     "set), --watch '', head or node:HOST:PORT. Fix: let the unit's inference-run "
+                     "start it", file=sys.stderr)
+                return 2
             notify.run(args.port, args.watch, args.pid, args.model,
                        notify.Limits(args.stall_s, args.probe_every_s, args.poll_s,
                                      args.stop_timeout_s))

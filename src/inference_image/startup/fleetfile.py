@@ -22,13 +22,27 @@ class FleetFileError(Exception):
     """What is wrong with the fleet file, in one line."""
 
 
+# the networks a VPC's addresses come from (RFC 1918, and RFC 6598's shared space): Python's
+# is_private also holds loopback, link-local (the cloud's metadata service), 0.0.0.0 and others
+# that are never another machine of the fleet
+PRIVATE = tuple(ipaddress.IPv4Network(n) for n in
+                ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
+
+
 def private_ipv4(text: object) -> ipaddress.IPv4Address | None:
-    """An IPv4 address of a private network (RFC 1918 and the like), or None."""
+    """An IPv4 address of a private network (PRIVATE), or None."""
     try:
         a = ipaddress.IPv4Address(text) if isinstance(text, str) else None
     except ValueError:
         return None
-    return a if a is not None and a.is_private else None
+    return a if a is not None and any(a in n for n in PRIVATE) else None
+
+
+def _loopback(text: str) -> bool:
+    try:
+        return ipaddress.IPv4Address(text).is_loopback
+    except ValueError:
+        return False
 
 
 def addresses() -> list[tuple[str, ipaddress.IPv4Interface]]:
@@ -50,7 +64,7 @@ def _group(d: dict[str, Any], role: str, nodes: int) -> str:
             net = None
         # every port of this machine opens to it: a private network only (none of the machine's
         # public addresses, nobody's on the internet)
-        if net is None or not net.is_private:
+        if net is None or not any(net.subnet_of(n) for n in PRIVATE):
             raise FleetFileError(f"'network' is {d.get('network')!r}: write the private IPv4 "
                                  "network the nodes share, e.g. 10.110.0.0/20")
         mine = [(dev, a) for dev, a in addresses() if a.ip in net]
@@ -98,7 +112,11 @@ def role_line(fleet: Path, mode: str, nodes: int) -> str:
         raise FleetFileError(f"'role' is {role!r}: write worker, router, head or node")
     m = re.fullmatch(r"http://([0-9.]{7,15}):([0-9]{1,5})", router) \
         if isinstance(router, str) else None
-    if not m or private_ipv4(m[1]) is None or not 0 < int(m[2]) < 65536:
+    # the router is a private address of the fleet's network, or this machine's own loopback
+    # (which reaches no other machine); never link-local (the cloud's metadata service), 0.0.0.0
+    # or a public address
+    if not m or (private_ipv4(m[1]) is None and not _loopback(m[1])) or \
+            not 0 < int(m[2]) < 65536:
         raise FleetFileError(f"'router' is {router!r}: write http://ROUTER_PRIVATE_IPV4:PORT")
     if not isinstance(ports, list) or not ports or len(set(ports)) != len(ports) or \
             not all(type(p) is int and 0 < p < 65536 for p in ports):
