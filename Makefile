@@ -112,6 +112,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
+	  scripts/gpu-systemd-root scripts/gpu-systemd-overlay scripts/gpu-systemd-boot scripts/gpu-systemd-probe \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s packer-validate
 
@@ -131,7 +132,7 @@ evidence: setup ## rewrite docs/benchmarks.md and docs/charts/ from the records 
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
 
-gpu-systemd-root: ## .devsd/: a Debian 12 root with systemd for the GPU machine, and the scripts that boot and check it there
+gpu-systemd-root: ## .devsd/: Debian 12 systemd for the GPU machine, and the scripts that lay it over its root, boot and check it there
 	scripts/gpu-systemd-root .devsd
 
 gpu-proof-help: ## how to run the GPU proof (inference-lab proof) on the GPU machine
