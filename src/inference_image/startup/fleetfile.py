@@ -22,20 +22,22 @@ class FleetFileError(Exception):
     """What is wrong with the fleet file, in one line."""
 
 
-# the networks a VPC's addresses come from (RFC 1918, and RFC 6598's shared space): Python's
-# is_private also holds loopback, link-local (the cloud's metadata service), 0.0.0.0 and others
-# that are never another machine of the fleet
-PRIVATE = tuple(ipaddress.IPv4Network(n) for n in
-                ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
+# Python's is_private also holds addresses that are never another machine of the fleet: this
+# machine (loopback, 0.0.0.0/8), link-local (the cloud's metadata service at 169.254.169.254),
+# multicast and the reserved block
+NEVER_A_PEER = tuple(ipaddress.IPv4Network(n) for n in
+                     ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"))
 
 
 def private_ipv4(text: object) -> ipaddress.IPv4Address | None:
-    """An IPv4 address of a private network (PRIVATE), or None."""
+    """An IPv4 address of a private network that another machine of the fleet may have (not
+    routed on the internet, none of NEVER_A_PEER), or None."""
     try:
         a = ipaddress.IPv4Address(text) if isinstance(text, str) else None
     except ValueError:
         return None
-    return a if a is not None and any(a in n for n in PRIVATE) else None
+    return a if a is not None and a.is_private and not any(a in n for n in NEVER_A_PEER) \
+        else None
 
 
 def _loopback(text: str) -> bool:
@@ -64,7 +66,7 @@ def _group(d: dict[str, Any], role: str, nodes: int) -> str:
             net = None
         # every port of this machine opens to it: a private network only (none of the machine's
         # public addresses, nobody's on the internet)
-        if net is None or not any(net.subnet_of(n) for n in PRIVATE):
+        if net is None or not net.is_private or any(net.overlaps(n) for n in NEVER_A_PEER):
             raise FleetFileError(f"'network' is {d.get('network')!r}: write the private IPv4 "
                                  "network the nodes share, e.g. 10.110.0.0/20")
         mine = [(dev, a) for dev, a in addresses() if a.ip in net]
