@@ -390,3 +390,18 @@ def test_a_head_made_for_another_family_is_refused_naming_both_vocabularies() ->
     r = resolve("h100", overrides=["model.target=qwen2.5-7b-instruct", "model.quantization=fp8",
                                    "model.speculative.method=none", "model.speculative.draft=null"])
     assert r.draft is None
+
+
+def test_every_field_of_every_model_in_the_schema_is_described() -> None:
+    """What `profiles --fields` and the reference print of a field is its description: none is
+    bare, the catalog's included."""
+    import inspect
+
+    from pydantic import BaseModel
+
+    from inference_image import schema
+    bare = [f"{name}.{f}" for name, cls in vars(schema).items()
+            if inspect.isclass(cls) and issubclass(cls, BaseModel)
+            and cls.__module__ == schema.__name__
+            for f, info in cls.model_fields.items() if not info.description]
+    assert bare == []

@@ -111,18 +111,24 @@ class CatalogModel(Strict):
     fp8_scales: FP8Scales | None = Field(
         None, description="static-tensor: per-tensor weight and activation scales, calibrated; "
         "dynamic-token: per-channel weights, each token's activations scaled at run time")
-    revision: GitRef = "main"
+    revision: GitRef = Field("main", description="the hub revision (branch, tag or commit) the "
+                             "build downloads")
     params_b: float = Field(gt=0, description="parameters, billions")
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0, description="transformer layers (config.json "
+                            "num_hidden_layers)")
+    hidden_size: int = Field(gt=0, description="model width (config.json hidden_size)")
     intermediate_size: int | None = Field(None, gt=0, description="MLP width (config.json); "
                                           "the FP8 GEMM tune needs it")
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0, description="query heads (config.json "
+                                     "num_attention_heads)")
+    num_kv_heads: int = Field(gt=0, description="key/value heads (config.json num_key_value_heads):"
+                              " with head_dim, what one token's KV cache holds")
+    head_dim: int = Field(gt=0, description="width of one attention head (config.json head_dim)")
+    vocab_size: int = Field(gt=0, description="tokens in the vocabulary (config.json vocab_size)")
+    tie_word_embeddings: bool = Field(False, description="the output layer shares the embedding's "
+                                      "weights (counted once in the weights' size)")
+    max_position_embeddings: int = Field(gt=0, description="the longest context the model was "
+                                         "made for (config.json max_position_embeddings)")
     local_config: ProjectScript | None = Field(
         None, description="for test models: the script that writes config + tokenizer locally"
     )
@@ -184,7 +190,8 @@ class CatalogModel(Strict):
 
 
 class Catalog(Strict):
-    models: dict[Name, CatalogModel]
+    models: dict[Name, CatalogModel] = Field(description="every model a profile may name, by "
+                                             "its catalog name (model.target, model.speculative)")
 
 
 class Hardware(Strict):
