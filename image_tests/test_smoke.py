@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 import pytest
-from conftest import HostKey, Public, http, traffic_per_instance, why_not_serving
+from conftest import HostKey, Public, http, traffic_per_instance, wait_for, why_not_serving
 
 
 def units(profile: dict[str, Any]) -> list[str]:
@@ -46,7 +46,11 @@ def test_every_instance_healthy(root: Any, profile: dict[str, Any]) -> None:
 @pytest.mark.serving
 def test_router_answers(root: Any, profile: dict[str, Any], public: Public) -> None:
     rt = profile["router"]
-    assert http(root, rt["internal_port"], "/health").status == 200, "vllm-router's own /health"
+    # the router's view of an instance that has just come up lags by its health checks: it gets
+    # a few rounds of them, as a client's retry would
+    got = wait_for(lambda: (r := http(root, rt["internal_port"], "/health")).status == 200 and r,
+                   timeout=4 * rt["health_check_interval_secs"] + 10)
+    assert got, f"vllm-router's own /health: {http(root, rt['internal_port'], '/health')}"
     assert http(root, public, "/health").status == 200, "/health on the public port (nginx)"
 
 
