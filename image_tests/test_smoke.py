@@ -49,7 +49,7 @@ def test_router_answers(root: Any, profile: dict[str, Any], public: Public) -> N
     # the router's view of an instance that has just come up lags by its health checks: it gets
     # a few rounds of them, as a client's retry would
     got = wait_for(lambda: (r := http(root, rt["internal_port"], "/health")).status == 200 and r,
-                   timeout=4 * rt["health_check_interval_secs"] + 10)
+                   timeout=4 * profile["profile"]["router"]["health_check_interval_secs"] + 10)
     assert got, f"vllm-router's own /health: {http(root, rt['internal_port'], '/health')}"
     assert http(root, public, "/health").status == 200, "/health on the public port (nginx)"
 
