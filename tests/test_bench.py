@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from inference_image import bench
+from inference_image import bench, bench_compare
 
 
 def test_scenarios_are_digitaloceans():
@@ -89,7 +89,7 @@ def test_row_and_cost_and_compare():
     assert a["runs"][0]["completed"] == 8 and a["runs"][0]["ttft_ms_p99"] == 20
     assert round(bench.cost_per_mtok(3.6, 1000.0), 6) == 1.0
     assert bench.cost_per_mtok(0, 1000) is None
-    out = bench.compare(a, b)
+    out = bench_compare.compare(a, b)
     assert "| chat | 4 | 1000.0 | 1500.0 | 1.50x | 20.0 | 10.0 | 0.50x |" in out
 
 
@@ -317,7 +317,7 @@ def test_compare_sets_a_row_against_its_own_configuration_only():
     def row(config, tok):
         return bench.row_from_result({"output_throughput": tok, "p99_ttft_ms": 10}, "chat", 4, config)
     both = {"runs": [row("vanilla", 1000.0), row("image", 1970.0)]}
-    out = bench.compare(both, both)
+    out = bench_compare.compare(both, both)
     ratios = re.findall(r"\| (\d+\.\d+)x \|", out)
     assert ratios and set(ratios) == {"1.00"}, out
 
