@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..inputs import parse_json
 from . import boundary
 from .bundle import _now
 
@@ -140,7 +139,7 @@ def record_ready(endpoint: Path, instance: str, report: dict[str, Any]) -> None:
     with os.fdopen(lock_fd, "wb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            doc = parse_json(boundary.read_bytes(endpoint, 1 << 20).decode(), str(endpoint))
+            doc = boundary.read_json(endpoint, 1 << 20)
         except (OSError, ValueError):  # missing, not a regular file, not JSON: written anew
             doc = {}
         if not isinstance(doc, dict):

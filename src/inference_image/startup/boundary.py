@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..inputs import parse_json
+
 T = TypeVar("T")
 # what a child's answer may hold (a bundle's manifest: up to its own bound, with room for JSON)
 MAX_ANSWER = 256 * 2**20
@@ -125,11 +127,12 @@ def make_owned_folder(folder: Path, ids: tuple[int, int] | None, mode: int = 0o7
 
 # ---- root's own state, in root's folders ------------------------------------------------------
 
-def open_regular(path: Path, flags: int = os.O_RDONLY) -> int:
-    """A descriptor of `path` opened without following a link and without blocking on a FIFO;
-    BoundaryError where it is anything but a regular file."""
+def open_regular(path: Path, flags: int = os.O_RDONLY, follow: bool = False) -> int:
+    """A descriptor of `path` opened without blocking on a FIFO and, unless `follow` (a path root
+    itself was given), without following a link; BoundaryError where it is anything but a
+    regular file."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last part is a link
             raise BoundaryError(f"{path}: a link stands there: refused") from None
@@ -150,6 +153,12 @@ def read_bytes(path: Path, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise BoundaryError(f"{path}: larger than {max_bytes} bytes: refused")
     return data
+
+
+def read_json(path: Path, max_bytes: int) -> Any:
+    """A JSON file read as read_bytes reads it, through the one JSON reader (inputs.parse_json:
+    depth, finite numbers); ValueError for what is not JSON."""
+    return parse_json(read_bytes(path, max_bytes).decode(), str(path))
 
 
 def write_file(path: Path, data: bytes, mode: int = 0o644,

@@ -333,19 +333,15 @@ def _owner_ids(owner: str | None) -> tuple[int, int] | None:
 def _open_bundle(bundle: Path) -> int:
     """A descriptor of the bundle root was given (a regular file: never a FIFO it would wait on)."""
     try:
-        fd = os.open(bundle, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return boundary.open_regular(bundle, follow=True)
     except OSError as exc:
         raise BundleError(f"{bundle}: not a file ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise BundleError(f"{bundle}: not a file")
-    return fd
 
 
 def _json_file(path: Path, max_bytes: int = MAX_MANIFEST) -> Any:
     """A JSON file of the cache (a regular file, not through a link, bounded in size, depth and
     numbers: inputs.parse_json)."""
-    return parse_json(boundary.read_bytes(path, max_bytes).decode(), str(path))
+    return boundary.read_json(path, max_bytes)
 
 
 def install(bundle: Path, cache: Path, owner: str | None = None) -> dict[str, Any]:
@@ -469,10 +465,10 @@ def seal(cache: Path, key: dict[str, str], owner: str | None = None) -> dict[str
     instances' own check can rewrite the manifest and take the lock."""
     ids = _owner_ids(owner)
     try:
-        uid, gid = ids or boundary.folder_owner(cache)
-        boundary.folder_owner(cache)
+        found = boundary.folder_owner(cache)  # a folder, not a link standing in its place
     except boundary.BoundaryError as exc:
         raise BundleError(f"{cache}: no cache here ({exc})") from None
+    uid, gid = ids or found
     done: dict[str, Any] = boundary.as_user(uid, gid, _seal, str(cache), key,
                                             errors=(BundleError, NothingCompiled))
     return done

@@ -190,6 +190,7 @@ def _bounded(manifest: dict[str, Any], files: dict[str, Any]) -> None:
             raise ValueError(f"image file name {name[:80]!r} is not a plain name")
         _whole(size, 0, MAX_BYTES, f"{name}'s size")
 
+
 def _files(images: Path) -> dict[str, int]:
     """The regular files of `images` by name and size (a link or FIFO there is no image)."""
     out = {}
@@ -207,7 +208,7 @@ def validate(dest: Path, key: dict[str, str]) -> dict[str, Any]:
     if not os.path.lexists(mf):
         raise CheckpointRefused(f"no checkpoint at {dest}")
     try:
-        manifest = json.loads(boundary.read_bytes(mf, MAX_MANIFEST))
+        manifest = boundary.read_json(mf, MAX_MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
             raise ValueError(f"schema {manifest.get('schema') if isinstance(manifest, dict) else '?'}"
                              f", this reads {SCHEMA}")
@@ -215,7 +216,7 @@ def validate(dest: Path, key: dict[str, str]) -> dict[str, Any]:
         reference = str(manifest["reference"])
         if not isinstance(want, dict) or not isinstance(files, dict) or not files:
             raise ValueError("key or files malformed")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointRefused(f"corrupt: {mf}: {exc}") from None
     if stale := [f"{k} is {key.get(k, 'missing')!r} here, {want.get(k, 'missing')!r} in the "
                  "checkpoint" for k in sorted(set(want) | set(key)) if want.get(k) != key.get(k)]:
@@ -469,9 +470,15 @@ def restore_tree(dest: Path, manifest: dict[str, Any], criu: str | Criu,
     return pid
 
 
+def stoppable(pid: object) -> bool:
+    """`pid` can head a tree this helper may stop: a whole number, never 0, 1 or a negative one
+    (kill's process groups and everything), nor this process."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid >= 2 and pid != os.getpid()
+
+
 def own_child(pid: int) -> bool:
-    """`pid` is a process (not 0, 1 or this one) whose parent is this process."""
-    if pid < 2 or pid == os.getpid():
+    """`pid` is a process (stoppable) whose parent is this process."""
+    if not stoppable(pid):
         return False
     try:
         return int(stat_fields(pid)[1]) == os.getpid()
@@ -598,7 +605,7 @@ def kill_tree(pid: int, wait_s: float = 60, pids: list[int] | None = None) -> li
     ValueError for a pid that heads no tree of ours: 0, 1, a negative one (kill's process groups
     and everything), or this process."""
     for p in [pid, *(pids or [])]:
-        if isinstance(p, bool) or not isinstance(p, int) or p < 2 or p == os.getpid():
+        if not stoppable(p):
             raise ValueError(f"kill_tree: pid {p!r} is no tree this helper may stop")
     pids = tree(pid) if pids is None else pids
     for p in reversed(pids):

@@ -58,9 +58,8 @@ class NotHere(CheckpointRefused):
 
 def instances(units: Path) -> set[str]:
     """The render's closed set of instances: each name with both of its unit files."""
-    return {p.name[:-len(".args")] for p in units.glob("*.args")
-            if INSTANCE.fullmatch(p.name[:-len(".args")]) and (units / (p.name[:-5] + ".env"))
-            .is_file()}
+    return {p.stem for p in units.glob("*.args")
+            if INSTANCE.fullmatch(p.stem) and p.with_suffix(".env").is_file()}
 
 
 def checked_instance(units: Path, instance: str) -> str:
@@ -182,11 +181,10 @@ def main_stream(pid: int) -> int:
 def take_failed(store: Path, instance: str, key: dict[str, str]) -> str:
     """Why a take of the instance stopped it before under this key ("" if none did)."""
     try:
-        said = json.loads(boundary.read_bytes(store / TAKE_FAILED.format(instance=instance),
-                                              1 << 20))
+        said = boundary.read_json(store / TAKE_FAILED.format(instance=instance), 1 << 20)
     except FileNotFoundError:
         return ""
-    except (OSError, ValueError, RecursionError) as exc:
+    except (OSError, ValueError) as exc:
         return f"its record cannot be read ({exc})"
     return str(said.get("why", "?")) if isinstance(said, dict) and said.get("key") == key else ""
 
