@@ -68,26 +68,17 @@ MAX_DEPTH = 64
 MAX_DIGITS = 100
 
 
-def _depth(text: str) -> int:
-    """How deeply `text`'s JSON arrays and objects nest (strings skipped), without parsing it."""
-    depth = deepest = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+def _too_deep(doc: object, limit: int) -> bool:
+    """Whether `doc`'s arrays and objects nest past `limit`, walked without recursion and
+    stopping at the first that does."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            stack += [(v, depth + 1) for v in (node.values() if isinstance(node, dict) else node)]
+    return False
 
 
 def _no_constant(name: str) -> float:
@@ -110,15 +101,16 @@ def _bounded_int(s: str) -> int:
 def parse_json(text: str, where: str = "JSON", max_depth: int = MAX_DEPTH) -> object:
     """JSON text as data, or ValueError in one line: nested past `max_depth`, NaN or Infinity
     (not JSON, though Python writes them), or a number of more than MAX_DIGITS digits."""
-    if (d := _depth(text)) > max_depth:
-        raise ValueError(f"{where}: nested {d} levels deep, more than {max_depth}")
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int,
-                          parse_float=_finite_float)
+        doc = json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int,
+                         parse_float=_finite_float)
     except RecursionError:
-        raise ValueError(f"{where}: nested too deeply") from None
+        raise ValueError(f"{where}: nested more than {max_depth} levels deep") from None
     except ValueError as exc:
         raise ValueError(f"{where}: not JSON ({exc})") from None
+    if _too_deep(doc, max_depth):
+        raise ValueError(f"{where}: nested more than {max_depth} levels deep")
+    return doc
 
 
 def read_json(path: Path, what: str, max_bytes: int, fix: str = "name the file the tool wrote",
