@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test unit hostile checkpoint-units evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test unit slow criu hostile checkpoint-units evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help gpu-systemd-root verify image image-guard image-inputs packer-validate boot boot-stop e2e clean
 
 ##@ Start here
@@ -28,22 +28,36 @@ deps: ## apt-get install the system packages every target needs (root)
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEB_PACKAGES)
 
-$(BIN)/.installed: requirements.txt pyproject.toml
+# Four distributions, installed editable: the machine's runtime (machine/), the vLLM plugin (its
+# switches' names), the build host's package and CLI (.), and the GPU lab (lab/; for people who
+# measure, never in the product's wheel).
+$(BIN)/.installed: requirements.txt pyproject.toml machine/pyproject.toml lab/pyproject.toml
 	@echo "make setup: the Python tools of requirements.txt into $(VENV) (a few minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --progress-bar off --upgrade pip
 	$(BIN)/pip install --progress-bar off -r requirements.txt
-	$(BIN)/pip install --progress-bar off --no-deps -e .
+	$(BIN)/pip install --progress-bar off --no-deps -e machine -e plugins/vllm -e .
+	$(BIN)/pip install --progress-bar off --no-deps -e lab
 	touch $@
 
-setup: $(BIN)/.installed ## create .venv with the pinned Python tools and the inference-image CLI
+setup: $(BIN)/.installed ## create .venv with the pinned Python tools, the CLI, the machine's runtime and the lab
 
 ##@ Test
-test: unit hostile molecule molecule-gpu checkpoint-units ## unit tests, the hostile-input corpus, the whole playbook in a systemd container, the driver role's user space, the checkpoint's units
+test: unit slow criu hostile molecule molecule-gpu checkpoint-units ## unit tests, the slow ones, CRIU's dump and restore, the hostile-input corpus, the whole playbook in a systemd container, the driver role's user space, the checkpoint's units
 
-unit: setup ## unit tests (exit code 5, no tests collected, fails too)
-	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q -m "not hostile" tests || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+# ROOM=machine|build|ops|lab|plugin: one room's tests alone (tests/conftest.py says which file is whose)
+ROOM ?=
+unit: setup ## unit tests, nothing built first (ROOM=machine etc. for one room; exit code 5, no tests collected, fails too)
+	@rc=0; $(BIN)/pytest -q -m "not hostile and not criu and not slow$(if $(ROOM), and $(ROOM))" tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make unit: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+slow: setup ## the unit tests that run a whole start, trace or playbook end to end (a few minutes)
+	@rc=0; $(BIN)/pytest -q -m "slow and not hostile and not criu" tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make slow: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+criu: setup ## CRIU's real dump and restore of a process tree (builds CRIU from Debian's source first; root)
+	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q -m criu tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make criu: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 hostile: setup ## the hostile-input corpus (tests/hostile, 345 cases): each ends in a clear error or harmlessly (a few minutes)
 	@rc=0; $(BIN)/pytest -q -m hostile tests/test_hostile_corpus.py || rc=$$?; \
@@ -108,7 +122,7 @@ soak-host: setup ## MINUTES of load on HOST=host[:port] built as GPU=<tier> (its
 	$(BIN)/inference-image soak --host $(HOST) --profile $(GPU) --minutes $(MINUTES) --out build/soak/$(GPU).json
 
 lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, packer validate
-	$(BIN)/ruff check src tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/multinode-proof scripts/junit-failures scripts/make-test-bundle
+	$(BIN)/ruff check src machine lab tests image_tests plugins scripts/make-test-model scripts/make-wheelhouse scripts/fleet-proof scripts/multinode-proof scripts/junit-failures scripts/make-test-bundle
 	cd ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline -q --profile production \
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
@@ -164,10 +178,10 @@ PACKER_VARS = $(call packer_vars,$(GPU),$(BUILDER),$(CURDIR)/$(IMAGE_OUT),$(CURD
 # machine of the tier's GPU) the image's instances start from; each start checks its key
 # e.g. PACKER_ARGS='-var do_region=nyc2 -var do_build_size=gpu-h100x1-80gb -var snapshot_name=my-h100'
 
-image-guard: ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, BAKE_ON_GPU=1 with BUILDER=qemu, or a WARM_CACHE that is no bundle
+image-guard: setup ## refuse an unknown BUILDER, digitalocean without DIGITALOCEAN_TOKEN, BAKE_ON_GPU=1 with BUILDER=qemu, or a WARM_CACHE that is no bundle
 	@case "$(BUILDER)" in digitalocean|qemu) ;; *) echo "make image: BUILDER=$(BUILDER) is not a builder; use BUILDER=digitalocean or BUILDER=qemu" >&2; exit 1;; esac
 	@if [ -n "$(BAKE_ON_GPU)" ] && [ "$(BUILDER)" != digitalocean ]; then echo "make image: BAKE_ON_GPU=1 bakes on the tier's own GPU droplet; BUILDER=$(BUILDER) has no GPU. Use BUILDER=digitalocean, or give a bundle made on the tier's GPU with WARM_CACHE=FILE" >&2; exit 1; fi
-	@if [ -n "$(WARM_CACHE)" ]; then $(PYTHON) src/inference_image/startup/launch.py show "$(WARM_CACHE)" || exit 1; fi
+	@if [ -n "$(WARM_CACHE)" ]; then $(BIN)/inference-startup show "$(WARM_CACHE)" || exit 1; fi
 	@if [ "$(BUILDER)" = digitalocean ] && [ -z "$${DIGITALOCEAN_TOKEN:-}" ]; then echo "make image: DIGITALOCEAN_TOKEN is not set. Export a DigitalOcean API token with read/write scope (cloud.digitalocean.com > API), or build locally with BUILDER=qemu." >&2; exit 1; fi
 
 # A local build does not serve while baking (packer/qemu.pkrvars.hcl says why).

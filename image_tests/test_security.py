@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public, http, tcp_open, wait_for
 
-from inference_image.bench import metric_samples
 from inference_image.observability import DCGM_PREFIX, dashboard_metrics, rules_metrics
+from inference_image.ops.bench import metric_samples
 from inference_image.render import EXPOSURE_CEILINGS, FIREWALL_TABLE
 
 # Most checks need the stack serving; the ones on files, the firewall and the ports closed to the
@@ -405,8 +405,7 @@ def test_a_real_prometheus_scrapes_every_target_with_the_token_and_not_without(
     import subprocess
 
     import yaml
-
-    from inference_image.bounded_http import fetch
+    from inference_machine.bounded_http import fetch
 
     _behind_nat(outside_address)
     prom = shutil.which("prometheus")

@@ -278,3 +278,18 @@ def test_vllm_plugin_registered(root: Any, profile: dict[str, Any]) -> None:
     assert ("INFERENCE_IMAGE_DECODE_GRAPHS=1" in env) == (
         profile["profile"]["serving"].get("cudagraph_mode") == "full_and_decode"), \
         "unit env and profile disagree on serving.cudagraph_mode"
+
+
+def test_the_machine_s_programs_are_its_runtime_s_wheel(root: Any, profile: dict[str, Any]) -> None:
+    """The programs the units run are console scripts of one installed wheel (inference-machine,
+    in a virtualenv of the system's Python), linked where the render names them."""
+    paths = profile["paths"]
+    r = root.run(f"{paths['runtime_venv']}/bin/pip show inference-machine")
+    assert r.rc == 0, r.stderr
+    fields = dict(ln.split(": ", 1) for ln in r.stdout.splitlines() if ": " in ln)
+    assert fields.get("Name") == "inference-machine" and fields.get("Version"), r.stdout
+    for key in ("runner", "join", "firstboot", "acme_run", "startup"):
+        link = root.file(paths[key])
+        assert link.is_symlink and link.linked_to == \
+            f"{paths['runtime_venv']}/bin/{paths[key].rsplit('/', 1)[1]}", paths[key]
+    assert not root.file("/usr/local/lib/inference-image").exists

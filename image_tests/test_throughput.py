@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public
 
-from inference_image.bench import SCENARIOS, bench_command, row_from_result, run_seed
+from inference_image.ops.bench import SCENARIOS, bench_command, row_from_result, run_seed
 
 pytestmark = pytest.mark.serving
 

@@ -8,6 +8,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the machine's runtime's console scripts, beside this Python (make setup installs machine/)
+RUNTIME_BIN = Path(sys.executable).parent
+
+
+def runtime(name: str, render_dir: Path | None = None, root: Path | None = None) -> list[str]:
+    """The command line of one of the machine's programs (inference-run, -join, -firstboot,
+    -acme, -startup). Run with INFERENCE_ROOT=root, it reads the render's profile.json there: a
+    scratch root beside a render gets a copy of it."""
+    if render_dir is not None and root is not None and render_dir != root:
+        dst = root / "etc/inference-image/profile.json"
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(render_dir / "etc/inference-image/profile.json", dst)
+    return [str(RUNTIME_BIN / name)]
 
 
 @pytest.fixture
@@ -99,9 +114,11 @@ class Machine:
         ctx.load_cert_chain(cert_dir / "cert.pem", cert_dir / "key.pem")
         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
-        doc = json.loads(self.profile_json.read_text())
-        doc["router"]["port"] = srv.server_address[1]
-        self.profile_json.write_text(json.dumps(doc))
+        # the copy with the scratch root's paths, and the one the machine's programs read there
+        for f in (self.profile_json, self.etc / "profile.json"):
+            doc = json.loads(f.read_text())
+            doc["router"]["port"] = srv.server_address[1]
+            f.write_text(json.dumps(doc))
         try:
             yield srv.server_address[1]
         finally:
@@ -110,14 +127,14 @@ class Machine:
 
 def first_boot(render_dir: Path, root: Path) -> None:
     env = {**os.environ, "INFERENCE_ROOT": str(root)}
-    run = subprocess.run(["bash", str(render_dir / "usr/local/sbin/inference-firstboot")],
+    run = subprocess.run(runtime("inference-firstboot", render_dir, root),
                          env=env, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
 
 
 def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -> Machine:
     from inference_image.profiles import resolve
-    from inference_image.render import PATHS, render
+    from inference_image.render import render
 
     r, root = tmp_path / "render", tmp_path / "root"
     render(resolve("cpu"), r)
@@ -126,10 +143,29 @@ def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -
     doc = json.loads((r / "etc/inference-image/profile.json").read_text())
     for k, v in doc["paths"].items():
         doc["paths"][k] = str(root) + v
-    # the image's modules beside inference-startup, as the render holds them
-    doc["paths"]["startup_lib"] = str(r) + PATHS["startup_lib"]
     endpoint = json.loads((etc / "endpoint.json").read_text())
     endpoint["tls_cert"] = str(root) + endpoint["tls_cert"]
     (etc / "endpoint.json").write_text(json.dumps(endpoint))
     (tmp_path / "profile.json").write_text(json.dumps(doc))
     return Machine(root, etc, tmp_path / "profile.json", handler)
+
+
+# Each test file's room (pyproject's markers): `pytest -m machine` runs the machine's runtime's
+# tests alone. A file not named here is the build host's.
+ROOMS = {
+    "machine": ("test_acme", "test_banner", "test_boundary", "test_checkpoint",
+                "test_checkpoint_units", "test_join", "test_multinode", "test_startup", "test_tls",
+                "test_unit_checkpoint", "test_hostile_round_two"),
+    "ops": ("test_bench", "test_cause", "test_fleet", "test_operations", "test_soak",
+            "test_verify", "test_readme_client", "test_gpu_suite"),
+    "lab": ("test_ledger", "test_proof", "test_sandbox", "test_spy", "test_stacks",
+            "test_standin_weights", "test_trace"),
+    "plugin": ("test_compile_pool", "test_decode_graphs", "test_first_token", "test_plugin",
+               "test_plugin_switches", "test_schedule", "test_triton_kernels"),
+}
+ROOM_OF = {name: room for room, names in ROOMS.items() for name in names}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(ROOM_OF.get(item.path.stem, "build"))

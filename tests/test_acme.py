@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import runtime
 
 from inference_image.profiles import resolve
 from inference_image.render import PATHS, render
@@ -35,7 +36,7 @@ def _acme(r: Path, root: Path, conf: str | None, path: str = "/usr/bin:/bin") ->
         _at(root, "acme_conf").parent.mkdir(parents=True, exist_ok=True)
         _at(root, "acme_conf").write_text(conf)
     # no lego on PATH: a run that got past the checks says so, and nothing else can run
-    return subprocess.run(["bash", str(r / "usr/local/sbin/inference-acme")],
+    return subprocess.run(runtime("inference-acme", r, root),
                           env={"INFERENCE_ROOT": str(root), "PATH": path},
                           capture_output=True, text=True, check=False)
 
@@ -44,7 +45,7 @@ def test_nothing_to_do_without_a_domain_or_with_tls_off(rendered: tuple[Path, Pa
     r, root = rendered
     run = _acme(r, root, None)
     assert run.returncode == 0 and "keeps this machine's own certificate" in run.stdout
-    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
     _at(root, "tls_mode").write_text("off\n")
     run = _acme(r, root, "domain=llm.example.com\nemail=ops@example.com\n")
     assert run.returncode == 0 and "TLS is off" in run.stdout
@@ -63,9 +64,9 @@ def test_acme_takes_the_mode_first_boot_decided(tmp_path: Path, profile_tls: str
                                                 off: bool) -> None:
     r, root = tmp_path / "r", tmp_path / "root"
     render(resolve("h100", overrides=[f"router.tls={profile_tls}"]), r)
-    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
     _at(root, "tls_mode").write_text(mode_file)
-    decided = subprocess.run(["bash", str(r / "usr/local/sbin/inference-firstboot"), "--tls-mode"],
+    decided = subprocess.run([*runtime("inference-firstboot", r, root), "--tls-mode"],
                              env={"INFERENCE_ROOT": str(root), "PATH": "/usr/bin:/bin"},
                              capture_output=True, text=True, check=True).stdout.strip()
     assert decided == ("off" if off else "self-signed")
@@ -110,7 +111,7 @@ def test_endpoint_names_the_domain_of_an_installed_acme_certificate(
         rendered: tuple[Path, Path], tmp_path: Path) -> None:
     r, root = rendered
     env = {**os.environ, "INFERENCE_ROOT": str(root)}
-    boot = [str(r / "usr/local/sbin/inference-firstboot")]
+    boot = runtime("inference-firstboot", r, root)
     subprocess.run(boot, env=env, check=True, capture_output=True)
     assert json.loads(_at(root, "endpoint").read_text())["tls"] == "self-signed"
     # what inference-acme leaves: the CA's certificate for the domain in place, the domain noted
@@ -120,7 +121,7 @@ def test_endpoint_names_the_domain_of_an_installed_acme_certificate(
                     "/CN=llm.example.com", "-addext", "subjectAltName=DNS:llm.example.com",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     marker = _at(root, "acme_state") / "domain"
-    marker.parent.mkdir(parents=True)
+    marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("llm.example.com\n")
     subprocess.run(boot, env=env, check=True, capture_output=True)
     endpoint = json.loads(_at(root, "endpoint").read_text())

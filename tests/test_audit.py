@@ -14,9 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, runtime
 
-from inference_image import cli, verify
+from inference_image import cli
+from inference_image.ops import verify
 from inference_image.profiles import ProfileErrors, resolve
 from inference_image.render import PATHS, render
 
@@ -46,7 +47,7 @@ def test_sysprep_check_finds_the_builds_downloads_where_render_puts_them(tmp_pat
     """The build's staging folder (wheels, the hub CLI's home) is one path in PATHS: the roles
     stage under it, sysprep removes it, and the check is told it (it fails when not told)."""
     stage = tmp_path / "stage"
-    (stage / "hf").mkdir(parents=True)
+    (stage / "hf").mkdir(parents=True, exist_ok=True)
     check = ROOT / "roles/sysprep/files/inference-sysprep-check"
     env = {**os.environ, "SYSPREP_MACHINE_FILES": str(tmp_path / "none"), "SYSPREP_FORBIDDEN_FILE": ""}
     proc = subprocess.run(["bash", str(check)], env={**env, "SYSPREP_BUILD_STAGE": str(stage)},
@@ -74,7 +75,7 @@ def test_sysprep_removes_both_key_files(h100: Path) -> None:
 # ---- 2. first boot -------------------------------------------------------------------------------
 
 def _firstboot(h100: Path, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(h100 / "usr/local/sbin/inference-firstboot"), *args],
+    return subprocess.run([*runtime("inference-firstboot", h100, root), *args],
                           env={**os.environ, "INFERENCE_ROOT": str(root)},
                           capture_output=True, text=True, check=False)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, answering
 
-from inference_image import bench, soak
+from inference_image.ops import bench, soak
 
 TIMEOUT_S = 60
 
@@ -243,7 +243,7 @@ def test_a_bench_url_that_is_no_base_url_is_refused_before_a_request(url: str) -
 @pytest.mark.parametrize("host", ["127.0.0.1:99999", "h:0", "a b", "h;reboot", "podman://a b",
                                   "-oProxyCommand=x"])
 def test_a_verify_host_that_is_no_host_is_refused(host: str) -> None:
-    from inference_image.verify import VerifyError, parse_target
+    from inference_image.ops.verify import VerifyError, parse_target
     with pytest.raises(VerifyError, match="--host"):
         parse_target(host, "root")
 
@@ -258,7 +258,7 @@ def _misbehaving(handler: type[http.server.BaseHTTPRequestHandler]) -> http.serv
 def test_headers_dripped_a_byte_at_a_time_end_the_read_at_the_deadline() -> None:
     """urllib's timeout bounds each read: headers a byte every half second never trip it. The one
     HTTP client of the project bounds the whole exchange."""
-    from inference_image import bounded_http
+    from inference_machine import bounded_http
 
     class Drip(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -289,7 +289,7 @@ def test_a_server_silent_until_its_work_is_done_is_waited_for_only_when_asked() 
     """vLLM answers /collective_rpc only once its work is done (a 70B model's weights read again:
     seconds of silence). A read waits at most `idle_s` between bytes (10 s by default), or the whole
     deadline where the caller expects such silence."""
-    from inference_image import bounded_http
+    from inference_machine import bounded_http
 
     class Slow(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -313,7 +313,7 @@ def test_a_server_silent_until_its_work_is_done_is_waited_for_only_when_asked() 
 
 
 def test_an_endless_answer_is_cut_at_its_cap() -> None:
-    from inference_image import bounded_http
+    from inference_machine import bounded_http
 
     class Endless(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -7,15 +7,16 @@ import http.server
 import json
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import runtime
+from inference_machine import banner
 
-from inference_image import startup
-from inference_image.startup import banner
+from inference_image.profiles import resolve
+from inference_image.render import PATHS, render
 
 DOC = {"url": "https://203.0.113.7", "model": "llama-3.1-8b-instruct", "tls": "self-signed",
        "tls_cert": "/etc/inference-image/tls/cert.pem", "tls_sha256": "AB:CD",
@@ -121,18 +122,22 @@ def test_nothing_is_printed_before_first_boot_wrote_the_endpoint(tmp_path: Path,
 
 
 def test_the_command_line_prints_the_banner(tmp_path: Path, router: int) -> None:
-    """What the rendered update-motd.d script runs (its arguments as the template writes them)."""
+    """What the rendered update-motd.d script runs: `inference-startup motd` and nothing else,
+    everything it shows from the render's profile.json and first boot's endpoint.json."""
     script = (Path(__file__).parent / "golden" / "h100" / "etc" / "update-motd.d"
               / "90-inference-image").read_text()
-    argv = " ".join(line.strip().rstrip("\\") for line in script.splitlines()
-                    if not line.startswith("#")).split()
-    assert argv[:3] == ["python3", "/usr/local/sbin/inference-startup", "motd"]
-    args = argv[3:argv.index("2>/dev/null")]
-    args[args.index("--endpoint") + 1] = str(write(tmp_path, DOC))
-    args[args.index("--router-port") + 1] = str(router)
-    out = subprocess.run([sys.executable, str(startup.LAUNCHER), "motd", *args],
-                         capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout == banner.motd(tmp_path / "endpoint.json", machine(router))
+    argv = " ".join(line for line in script.splitlines() if not line.startswith("#")).split()
+    assert argv == ["exec", PATHS["startup"], "motd", "2>/dev/null", "||", "true"]
+    r = tmp_path / "r"
+    render(resolve("h100"), r)
+    doc = json.loads((r / PATHS["profile_json"].lstrip("/")).read_text())
+    doc["router"]["internal_port"] = router
+    (r / PATHS["profile_json"].lstrip("/")).write_text(json.dumps(doc))
+    endpoint = r / PATHS["endpoint"].lstrip("/")
+    endpoint.write_text(json.dumps(DOC))
+    out = subprocess.run([*runtime("inference-startup"), "motd"], capture_output=True, text=True,
+                         timeout=60, check=True, env={**os.environ, "INFERENCE_ROOT": str(r)})
+    assert out.stdout == banner.motd(endpoint, machine(router))
     assert "inference-image h100: OpenAI-compatible API at https://203.0.113.7/v1" in out.stdout
 
 

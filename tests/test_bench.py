@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from inference_image import bench, bench_compare
+from inference_image.ops import bench, bench_compare
 
 
 def test_scenarios_are_digitaloceans():

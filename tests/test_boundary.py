@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from inference_image.startup import boundary, bundle, checkpoint, prepare, unit_checkpoint
-from inference_image.startup.bundle import LOCK, MANIFEST, REJECTED, BundleError
+from inference_machine import boundary, bundle, checkpoint, prepare, unit_checkpoint
+from inference_machine.bundle import LOCK, MANIFEST, REJECTED, BundleError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's helpers are tried as root")
 NOBODY = (65534, 65534)

@@ -1,4 +1,4 @@
-"""An instance's CRIU checkpoint (inference_image.startup.checkpoint): which checkpoints a start
+"""An instance's CRIU checkpoint (inference_machine.checkpoint): which checkpoints a start
 refuses and why, that a refused or failed restore leaves nothing running and the caller starts
 as if there were none, and the pieces a checkpoint is made of that need no GPU."""
 
@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 from conftest import answering
-
-from inference_image.startup import checkpoint
-from inference_image.startup.checkpoint import CheckpointRefused
-from inference_image.startup.cuda_checkpoint import CudaCheckpointError, Driver, tree
+from inference_machine import checkpoint
+from inference_machine.checkpoint import CheckpointRefused
+from inference_machine.cuda_checkpoint import CudaCheckpointError, Driver, tree
 
 KEY = {"vllm": "0.26.0", "gpu": "NVIDIA H200", "driver": "580.159.04",
        "gpu_uuids": "GPU-b9c65e0b", "kernel": "6.18.44", "criu": "4.2.1", "unit_sha256": "ab12"}
@@ -343,10 +342,11 @@ def _working_criu() -> str:
 
 
 def _get(port: int) -> str:
-    from inference_image.bounded_http import fetch
+    from inference_machine.bounded_http import fetch
     return fetch(f"http://127.0.0.1:{port}/", deadline_s=10).body.decode()
 
 
+@pytest.mark.criu
 def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a CRIU that runs here: a tree whose output is a connected stream socket (systemd's

@@ -23,7 +23,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from inference_image import cli, fleet, fleet_api
+from inference_image import cli
+from inference_image.ops import fleet, fleet_api
 from inference_image.profiles import ProfileErrors
 from inference_image.render import PATHS
 

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference_image import cli as image_cli
-from inference_image.startup import LAUNCHER
 
 DEADLINE_S = 10
+STARTUP = [sys.executable, "-m", "inference_machine"]
 PYTHON_TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -103,9 +103,9 @@ ENTRY_POINTS: dict[str, tuple[str, Callable[[Path, Path], list[str]]]] = {
         "proof", "record", "--run", "1", "--title", "t", "--note", "n", "--date", "2026-11-29",
         "--machine", f"m@h100={f}", "--write", str(out / "r.json"))),
     "inference-startup show": ("b.tar.gz", lambda f, out: [
-        sys.executable, str(LAUNCHER), "show", str(f)]),
+        *STARTUP, "show", str(f)]),
     "inference-startup inspect": ("vllm-0.env", lambda f, out: [
-        sys.executable, str(LAUNCHER), "inspect", "--env", str(f)]),
+        *STARTUP, "inspect", "--env", str(f)]),
 }
 
 

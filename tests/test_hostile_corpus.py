@@ -38,10 +38,23 @@ CORRECTIONS = {k: v for k, v in json.loads((SRC / "corrections.json").read_text(
 CASES = [json.loads(line) for line in (SRC / "corpus-v2.jsonl").read_text().splitlines()]
 
 
+# The corpus ran the machine's programs as the render once held them, bash files under usr/local of
+# a base render; they are now the machine's runtime's console scripts (machine/, issue 98), which
+# read the render's profile.json under INFERENCE_ROOT. `as-render TIER PROGRAM` (fixtures.sh)
+# puts the base render's profile.json into the case's scratch root and runs the program there:
+# the same input reaches the same program logic.
+AS_RENDER = re.compile(r"bash (?:\$W/base/([a-z0-9-]+)|\$R)/usr/local/s?bin/(inference-[a-z]+)")
+
+
+def _adapted(command: str) -> str:
+    return AS_RENDER.sub(lambda m: f"{W}/bin/as-render {m.group(1) or 'cpu'} {m.group(2)}", command)
+
+
 def _corrected(c: dict) -> dict:  # type: ignore[type-arg]
     fix = CORRECTIONS.get(c["id"], {})
     assert not fix or fix.get("why"), f"{c['id']}: a correction without its reason"
-    return {**c, **{k: v for k, v in fix.items() if k != "why"}}
+    c = {**c, **{k: v for k, v in fix.items() if k != "why"}}
+    return {**c, "command": _adapted(c["command"])}
 
 
 def _sh(script: str, env: dict[str, str], limit: float) -> tuple[int, str, bool]:

@@ -13,16 +13,16 @@ import threading
 import time
 from pathlib import Path
 
+import inference_machine as st
 import pytest
-
-from inference_image import fleet, inputs
-from inference_image import startup as st
-from inference_image.startup import bundle, fleetfile
 from inference_lab import standin_weights
+from inference_machine import bundle, fleetfile, inputs
 
-anatomy = importlib.import_module("inference_image.startup.anatomy")  # the package exports a
+from inference_image.ops import fleet
+
+anatomy = importlib.import_module("inference_machine.anatomy")  # the package exports a
 # function of the same name
-STARTUP = [sys.executable, "-m", "inference_image.startup.cli"]
+STARTUP = [sys.executable, "-m", "inference_machine.cli"]
 
 
 def _key() -> dict[str, str]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import runtime
 
 from inference_image.profiles import resolve
 from inference_image.render import FIREWALL_TABLE, LIMITS, PATHS, render
@@ -31,7 +32,7 @@ def join(root: Path, fleet: object | None, *args: str) -> subprocess.CompletedPr
     f.unlink(missing_ok=True)
     if fleet is not None:
         f.write_text(fleet if isinstance(fleet, str) else json.dumps(fleet))
-    return subprocess.run([root / PATHS["join"].lstrip("/"), *args],
+    return subprocess.run([*runtime("inference-join"), *args],
                           env={"INFERENCE_ROOT": str(root), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
                           capture_output=True, text=True)
 
@@ -43,7 +44,7 @@ def join_recording_nft(root: Path, tmp_path: Path) -> tuple[subprocess.Completed
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "nft").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     (bin_dir / "nft").chmod(0o755)
-    r = subprocess.run([root / PATHS["join"].lstrip("/")], capture_output=True, text=True,
+    r = subprocess.run(runtime("inference-join"), capture_output=True, text=True,
                        env={"INFERENCE_ROOT": str(root),
                             "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin"})
     return r, calls
@@ -231,7 +232,7 @@ def test_an_instance_stop_leaves_through_its_own_port(machine: Path, standin: St
     is the one its rendered command line serves on."""
     f = machine / PATHS["fleet"].lstrip("/")
     f.write_text(json.dumps({**WORKER, "router": f"http://127.0.0.1:{standin.port}"}))
-    run = machine / PATHS["runner"].lstrip("/")
+    run = runtime("inference-run")[0]
     env = {"INFERENCE_ROOT": str(machine), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
     r = subprocess.run([run, "--leave", "vllm-1"], env=env, capture_output=True, text=True)
     port = resolve("cpu").instances[1].port
@@ -264,9 +265,9 @@ def test_what_a_router_answers_is_printed_without_its_control_characters(
 
 @pytest.mark.parametrize("kind", ["fifo", "huge", "directory"])
 def test_the_fleet_file_is_read_bounded_by_its_one_reader(tmp_path: Path, kind: str) -> None:
-    """inference-join's reading is inference_image.startup.fleetfile: a FIFO, a huge file or a
+    """inference-join's reading is inference_machine.fleetfile: a FIFO, a huge file or a
     folder written where the fleet file belongs is one error, never a hang."""
-    from inference_image.startup.fleetfile import FleetFileError, role_line
+    from inference_machine.fleetfile import FleetFileError, role_line
     f = tmp_path / "fleet.json"
     if kind == "fifo":
         os.mkfifo(f)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import itertools
 import json
-import shlex
 import signal
 import socket
 import subprocess
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from conftest import runtime
+from inference_machine.run import notify_argv
 
 from inference_image.profiles import ProfileErrors, resolve
 from inference_image.render import LIMITS, PATHS, ansible_vars, render, serve_during_build, units
@@ -124,7 +125,7 @@ def run(root: Path, tmp: Path, fleet: object | None, argv: list[str],
     (bin_dir / "nft").write_text(f'#!/bin/sh\n[ "$1" = get ] && exit 1\necho "$*" >> {tmp}/nft.calls\n')
     for b in ("ip", "nft"):
         (bin_dir / b).chmod(0o755)
-    return subprocess.run([str(root / argv[0].lstrip("/")), *argv[1:]], capture_output=True,
+    return subprocess.run([*runtime(Path(argv[0]).name), *argv[1:]], capture_output=True,
                           text=True, env={"INFERENCE_ROOT": str(root), **env,
                                           "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin"})
 
@@ -200,13 +201,12 @@ def helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setitem(LIMITS, "stop_timeout_s", 1)
     root = tmp_path / "fast"
     render(resolve("cpu", overrides=TWO), root)
-    text = (root / PATHS["runner"].lstrip("/")).read_text()
-    line = text.split('"${INFERENCE_ROOT:-}' + PATHS["startup"] + '" notify "$port"', 1)[1]
-    tail = line.split('--model="$served"', 1)[1].split("</dev/null", 1)[0]
-    limits = shlex.split(tail.replace("\\\n", " "))  # the command's continued lines
+    doc = json.loads((root / PATHS["profile_json"].lstrip("/")).read_text())
+    argv = notify_argv("PORT", "MODEL", "", doc)
+    limits = argv[argv.index("--stall-s"):]
     assert limits == ["--stall-s", "2", "--probe-every-s", "1", "--poll-s", "0.3",
                       "--stop-timeout-s", "1"], limits
-    return [sys.executable, str(root / PATHS["startup"].lstrip("/")), "notify", *limits]
+    return [*runtime("inference-startup"), "notify", *limits]
 
 
 class Instance(http.server.BaseHTTPRequestHandler):
@@ -263,6 +263,7 @@ def watched(tmp_path: Path, command: list[str], port: str, watch: str,
     return main, h, sock
 
 
+@pytest.mark.slow
 def test_a_head_whose_requests_stop_moving_stops_itself(tmp_path: Path, instance: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     main, h, sock = watched(tmp_path, helper(tmp_path, monkeypatch), str(instance), "head")
@@ -273,6 +274,7 @@ def test_a_head_whose_requests_stop_moving_stops_itself(tmp_path: Path, instance
         "gone; stopping it" in out, out
 
 
+@pytest.mark.slow
 def test_a_head_that_serves_or_idles_is_left_alone_and_probes_itself_when_idle(
         tmp_path: Path, instance: int, monkeypatch: pytest.MonkeyPatch) -> None:
     Instance.moving = True  # a token a read: serving, however busy
@@ -288,6 +290,7 @@ def test_a_head_that_serves_or_idles_is_left_alone_and_probes_itself_when_idle(
     assert {"model": "tiny-llama", "prompt": "ping", "max_tokens": 1} in Instance.probes
 
 
+@pytest.mark.slow
 def test_a_node_whose_head_is_gone_stops_itself(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     head = socket.create_server(("127.0.0.1", 0))
@@ -304,6 +307,7 @@ def test_a_node_whose_head_is_gone_stops_itself(tmp_path: Path,
     assert f"the head 127.0.0.1 is gone (its rendezvous port {port} closed); stopping it" in out
 
 
+@pytest.mark.slow
 def test_a_stage_that_does_not_stop_on_sigterm_is_killed(tmp_path: Path, instance: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """As the multi-node proof's head did (about 60 s to exit on SIGTERM with its node gone): after

@@ -51,7 +51,7 @@ def test_the_rule_finds_what_it_is_for(tmp_path: Path) -> None:
 # or "10 %" name what is measured, not a measurement)
 PY_FIGURE = re.compile(r"\bruns? \(?\d+\b(?! \+)|\b\d+\.\d+x\b|\b\d+\.\d+ ?(ms|s|us|GiB|GB)\b",
                        re.I)
-PY_FILES = sorted(p for d in ("src/inference_image", "src/inference_lab",
+PY_FILES = sorted(p for d in ("src/inference_image", "lab/inference_lab", "machine/inference_machine",
                             "plugins/vllm/inference_image_vllm", "image_tests", "scripts", "tests")
                   for p in (ROOT / d).rglob("*.py") if "golden" not in p.parts
                   and p.name != "test_no_lab_notes.py")  # this file's own examples are figures

@@ -314,7 +314,7 @@ def test_a_profile_file_reads_yaml_scalars_by_the_core_schema(tmp_path: Path) ->
 
 
 def test_a_fleet_of_1_00_workers_is_refused_not_read_as_60(tmp_path: Path) -> None:
-    from inference_image import fleet
+    from inference_image.ops import fleet
     f = tmp_path / "fleet.yaml"
     f.write_text("name: f\ntier: h100\nworkers: 1:00\nsnapshot: 123\n")
     with pytest.raises(ProfileErrors, match="workers: bad value \"1:00\""):

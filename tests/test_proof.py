@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 from conftest import free_port, free_ports
+from inference_lab import cli, gpu_bench, nodes, proof, proof_probes, proof_tools
 
-from inference_image import bench
+from inference_image.ops import bench
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
-from inference_lab import cli, gpu_bench, nodes, proof, proof_probes, proof_tools
 
 
 @contextlib.contextmanager
@@ -888,8 +888,8 @@ def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> Non
 
 # The HTTP side every stand-in server script shares: a JSON reply, no access log.
 STANDIN_HTTP = r'''import http.server, json, os, sys
-if len(sys.argv) > 1 and (sys.argv[1].endswith(("/inference-startup", ".py")) or sys.argv[1] == "-c"):
-    # given a script (inference-run's warm-cache check, the lab's key probe, its bytecode
+if len(sys.argv) > 1 and (sys.argv[1].endswith(("/inference-startup", ".py")) or sys.argv[1] in ("-c", "-P")):
+    # given a script (the runtime's probe of where vLLM is, the lab's key probe, its bytecode
     # compile), a stand-in is Python
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 class JSONHandler(http.server.BaseHTTPRequestHandler):
@@ -921,6 +921,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
 
 
+@pytest.mark.slow
 def test_served_step_benches_through_the_renders_own_router_and_at_the_instance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `served` step starts the render's instance and its vllm-router (the real binary, as the
@@ -1132,6 +1133,7 @@ def run_trace_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return doc["trace"][label or step.label]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre", [0, 48])
 def test_a_first_token_trace_beside_decoding_streams_times_and_traces_the_prompts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pre: int) -> None:
@@ -1285,6 +1287,7 @@ def test_a_decode_trace_at_several_concurrencies_traces_each_in_one_start(
         assert (tmp_path / "o" / t["raw"]).read_text() == trace_of(c, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre", [0, 48])
 def test_an_idle_first_token_trace_says_who_waits_and_keeps_its_timeline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pre: int) -> None:
@@ -1925,6 +1928,7 @@ def _ready_run(tmp_path: Path, starts: tuple[str, ...] = ()) -> dict[str, Any]:
     return dict(json.loads((tmp_path / "out" / "proof.json").read_text()))
 
 
+@pytest.mark.slow
 def test_ready_times_cold_warm_and_bundle_starts_and_the_bundle_loads_compiled(
         tmp_path: Path) -> None:
     """The `ready` step starts the render's instance cold, warm, then from a warm-cache bundle
@@ -1955,6 +1959,7 @@ def test_ready_times_cold_warm_and_bundle_starts_and_the_bundle_loads_compiled(
         tmp_path / "work" / "ready-cache-ready-x")
 
 
+@pytest.mark.slow
 def test_a_readahead_start_reads_ahead_before_it_and_starts_from_the_bundle(
         tmp_path: Path) -> None:
     """`readahead`: the bundle installed again, then inference-startup's read-ahead run to its end
@@ -2026,6 +2031,7 @@ def test_a_server_that_never_answers_is_given_up_on_at_its_deadline(tmp_path: Pa
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_start_that_cannot_checkpoint_says_why_in_proof_json(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--starts cold,checkpoint` on a machine with no CUDA driver (this one): the cold start is

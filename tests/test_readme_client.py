@@ -14,11 +14,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 URL = "https://127.0.0.1:8443"
 
 
+@pytest.mark.slow
 def test_the_readme_openai_snippet_runs_with_a_freshly_installed_client(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "openai.OpenAI(" in b]

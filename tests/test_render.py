@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, edit, free_port
+from conftest import ROOT, edit, free_port, runtime
 
 from inference_image import render as render_mod
 from inference_image.profiles import ProfileErrors, list_tiers, resolve
@@ -21,43 +21,25 @@ from inference_image.render import PATHS, RenderError, render, vllm_argv
 GOLDEN = ROOT / "tests" / "golden"
 
 
-# copied from the source as they are (render.startup_files): their own tests read the source, and
-# golden copies would go stale with every edit to them
-COPIED = (PATHS["startup"].lstrip("/"), PATHS["startup_lib"].lstrip("/") + "/")
-
-
 def tree(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-            if p.is_file() and not str(p.relative_to(d)).startswith(COPIED)}
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-def test_inference_startup_is_installed_as_its_source_is_and_runs_from_the_render(
-        tmp_path: Path) -> None:
-    from inference_image import startup
-
+@pytest.mark.parametrize("tier", ["cpu", "h100", "cpu-2node"])
+def test_the_render_writes_data_and_configuration_and_no_program(tmp_path: Path, tier: str) -> None:
+    """The machine's programs come from its runtime's wheel (machine/): the render holds no
+    program beyond the login banner's one line of glue, and no Python anywhere."""
     r = tmp_path / "r"
-    render(resolve("h100", ROOT / "profiles"), r)
-    launcher = r / PATHS["startup"].lstrip("/")
-    assert launcher.read_text() == startup.LAUNCHER.read_text()
-    assert launcher.stat().st_mode & 0o777 == 0o755
-    lib = r / PATHS["startup_lib"].lstrip("/") / "inference_image"
-    pkg = Path(startup.__file__).parent
-    assert {f.name for f in (lib / "startup").iterdir()} == {
-        f.name for f in pkg.glob("*.py")} - {"launch.py"}
-    for f in (lib / "startup").iterdir():
-        assert f.read_text() == (pkg / f.name).read_text() and f.stat().st_mode & 0o777 == 0o644
-    # and the stdlib-only modules it imports from its parent (the bounded reader and client)
-    assert {f.name for f in lib.iterdir() if f.is_file()} == set(startup.SHIPPED_BESIDE)
-    for name in startup.SHIPPED_BESIDE:
-        assert (lib / name).read_text() == (pkg.parent / name).read_text()
-    # the rendered launcher runs the rendered package, not the source tree's, and writes nothing
-    (lib / "startup" / "cli.py").write_text(
-        (lib / "startup" / "cli.py").read_text().replace('prog="inference-startup"',
-                                                         'prog="rendered-startup"'))
-    proc = subprocess.run([sys.executable, str(launcher), "--help"], capture_output=True,
-                          text=True, check=False, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: rendered-startup"), proc
-    assert not list(r.rglob("__pycache__"))
+    render(resolve(tier, ROOT / "profiles"), r)
+    executable = [str(f.relative_to(r)) for f in r.rglob("*") if f.is_file() and f.stat().st_mode & 0o111]
+    assert executable == ["etc/update-motd.d/90-inference-image"], executable
+    glue = [ln for ln in (r / executable[0]).read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+    assert glue == [f"exec {PATHS['startup']} motd 2>/dev/null || true"], glue
+    assert not (r / "usr").exists()
+    for f in r.rglob("*"):
+        if f.is_file():
+            assert not any(m in f.read_text() for m in ("<<'PY'", "python3 -c", "python3 -")), f
 
 
 @pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
@@ -68,8 +50,6 @@ def test_render_matches_golden(tier, tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         subprocess.run(["rm", "-rf", str(GOLDEN / tier)], check=True)
         subprocess.run(["cp", "-a", str(out), str(GOLDEN / tier)], check=True)
-        for rel in COPIED:
-            subprocess.run(["rm", "-rf", str(GOLDEN / tier / rel)], check=True)
     cmp = filecmp.dircmp(out, GOLDEN / tier)
     assert tree(out) == tree(GOLDEN / tier), (cmp.diff_files, cmp.left_only, cmp.right_only)
 
@@ -79,7 +59,7 @@ def test_render_is_deterministic(tmp_path):
     render(r, tmp_path / "a")
     render(resolve("h100x8", ROOT / "profiles"), tmp_path / "b")
     assert tree(tmp_path / "a") == tree(tmp_path / "b")
-    assert os.stat(tmp_path / "a/usr/local/bin/inference-run").st_mode & 0o777 == 0o755
+    assert os.stat(tmp_path / "a/etc/update-motd.d/90-inference-image").st_mode & 0o777 == 0o755
 
 
 def test_rerender_replaces_previous_output(tmp_path):
@@ -189,7 +169,7 @@ def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_fla
 def run_unit(root: Path, unit: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(root), "INFERENCE_DRY_RUN": "1",
             **env}
-    return subprocess.run(["bash", str(root / "usr/local/bin/inference-run"), unit], env=full,
+    return subprocess.run([*runtime("inference-run"), unit], env=full,
                           capture_output=True, text=True)
 
 
@@ -281,8 +261,6 @@ def test_api_key_is_checked_by_nginx_not_passed_on_command_lines(tmp_path):
     assert "include /etc/inference-image/api-key.ngin[x];" in conf
     health, rest = conf.split("location = /health", 1)[1].split("location / {", 1)
     assert "return 401" not in health and "if ($inference_key_ok = 0)" in rest
-    fb = (tmp_path / "usr/local/sbin/inference-firstboot").read_text()
-    assert "/etc/inference-image/api-key.nginx" in fb and "umask 077" in fb
 
 
 def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
@@ -474,7 +452,7 @@ def test_a_notify_unit_is_ready_when_its_health_answers_not_when_it_starts(tmp_p
     env = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(tmp_path),
            "INFERENCE_PYTHON": sys.executable, "NOTIFY_SOCKET": str(tmp_path / "notify")}
     t0 = time.monotonic()
-    proc = subprocess.Popen(["bash", str(tmp_path / "usr/local/bin/inference-run"), "vllm-0"],
+    proc = subprocess.Popen([*runtime("inference-run"), "vllm-0"],
                             env=env, start_new_session=True)
     try:
         msg = sock.recv(4096).decode()

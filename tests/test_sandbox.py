@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from inference_lab import sandbox
 
 LISTING = """@default

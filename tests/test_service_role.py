@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,10 +34,10 @@ def packer() -> ModuleType:
 
 def a_render(at: Path) -> Path:
     (at / "etc" / "inference-image").mkdir(parents=True)
-    (at / "usr" / "local" / "bin").mkdir(parents=True)
+    (at / "etc" / "update-motd.d").mkdir(parents=True)
     (at / "etc" / "inference-image" / "b.env").write_text("B=1\n")
     (at / "etc" / "inference-image" / "a.env").write_text("A=1\n")
-    run = at / "usr" / "local" / "bin" / "inference-run"
+    run = at / "etc" / "update-motd.d" / "90-inference-image"
     run.write_text("#!/bin/sh\n")
     run.chmod(0o755)
     (at / "packer").mkdir()
@@ -49,7 +50,7 @@ def test_the_archive_holds_the_listed_files_sorted_as_root_and_is_the_same_bytes
     render = a_render(tmp_path / "render")
     pack = packer()
     # as the role's find lists them, in no particular order
-    listed = [render / "usr" / "local" / "bin" / "inference-run",
+    listed = [render / "etc" / "update-motd.d" / "90-inference-image",
               render / "etc" / "inference-image" / "b.env", render / "etc" / "inference-image" / "a.env"]
     pack.pack(render, tmp_path / "one.tar", listed)
     os.utime(render / "etc" / "inference-image" / "a.env", (time.time() + 60, time.time() + 60))
@@ -58,7 +59,7 @@ def test_the_archive_holds_the_listed_files_sorted_as_root_and_is_the_same_bytes
     with tarfile.open(tmp_path / "one.tar") as tar:
         members = tar.getmembers()
     assert [m.name for m in members] == ["etc/inference-image/a.env", "etc/inference-image/b.env",
-                                         "usr/local/bin/inference-run"]
+                                         "etc/update-motd.d/90-inference-image"]
     assert {(m.uid, m.gid, m.uname, m.mtime) for m in members} == {(0, 0, "root", 0)}
     assert members[2].mode == 0o755
     (render / "etc" / "inference-image" / "a.env").write_text("A=2\n")
@@ -110,12 +111,13 @@ def install(tmp_path: Path, render: Path, root: Path) -> dict[str, Any]:
     return {t["task"]["name"]: t["hosts"]["localhost"] for t in tasks}
 
 
+@pytest.mark.slow
 def test_the_role_installs_the_render_then_changes_nothing_then_puts_back_what_drifted(
         tmp_path: Path) -> None:
     render, root = a_render(tmp_path / "render"), tmp_path / "root"
     (root / "etc" / "inference-image").mkdir(parents=True)
-    (root / "usr" / "local" / "bin").mkdir(parents=True)
-    run = root / "usr" / "local" / "bin" / "inference-run"
+    (root / "etc" / "update-motd.d").mkdir(parents=True)
+    run = root / "etc" / "update-motd.d" / "90-inference-image"
 
     first = install(tmp_path, render, root)
     assert first[LAST]["changed"] is True

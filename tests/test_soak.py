@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -13,8 +14,8 @@ from typing import ClassVar
 import pytest
 from conftest import machine
 
-from inference_image import soak
 from inference_image.cli import main
+from inference_image.ops import soak
 
 
 class Completions(http.server.BaseHTTPRequestHandler):
@@ -43,8 +44,9 @@ def test_load_script_counts_per_minute_through_tls(tmp_path: Path) -> None:
     cfg = {"profile_json": str(m.profile_json), "out": str(out), "minutes": 2,
            "concurrency": 3, "max_tokens": 5, "interval_s": 1}
     with m.serving():
-        run = subprocess.run(["python3", "-c", soak.LOAD, json.dumps(cfg)], capture_output=True,
-                             text=True, timeout=60)
+        assert soak.LOAD.split()[1:] == ["-m", "inference_machine.soak_load"]
+        run = subprocess.run([sys.executable, "-m", "inference_machine.soak_load", json.dumps(cfg)],
+                             capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert lines[-1] == {"done": True}

@@ -11,12 +11,13 @@ import sys
 import tarfile
 from pathlib import Path
 
+import inference_machine as startup
 import pytest
+from conftest import runtime
 
-from inference_image import startup
 from inference_image.profiles import DIGEST_AT_DEFAULT, DIGEST_OMITS, resolve
 
-SCRIPT = startup.LAUNCHER
+STARTUP = [sys.executable, "-m", "inference_machine"]
 
 
 def key(**change: str) -> dict[str, str]:
@@ -108,7 +109,7 @@ def test_a_damaged_bundle_is_removed_and_the_start_goes_on(tmp_path: Path, damag
     assert state == "corrupt", line
     assert not graph.exists()
     # the command a start runs says it in one line and exits 0, whatever it found
-    proc = subprocess.run([sys.executable, str(SCRIPT), "check", "--cache", str(cache)],
+    proc = subprocess.run([*STARTUP, "check", "--cache", str(cache)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc
     assert "no warm-cache bundle (the last was not used" in proc.stdout
@@ -189,7 +190,7 @@ def test_a_cache_warmed_by_the_build_is_sealed_in_place_and_checked_as_a_bundle(
     cache = a_cache(tmp_path / "cache")
     (cache / startup.REJECTED).write_text('{"why": "a bundle of before"}')
     # the command the build runs, keyed for this machine (no GPU here: "none")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "seal", "--cache", str(cache)],
+    proc = subprocess.run([*STARTUP, "seal", "--cache", str(cache)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc
     assert "sealed 4 files" in proc.stdout and not (cache / startup.REJECTED).exists()
@@ -208,7 +209,7 @@ def test_a_cache_warmed_by_the_build_is_sealed_in_place_and_checked_as_a_bundle(
         startup.seal(cache, key())
     assert not (cache / startup.MANIFEST).exists()
     # the build's command says so in one line and goes on (a start run eager compiles nothing)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "seal", "--cache", str(cache)],
+    proc = subprocess.run([*STARTUP, "seal", "--cache", str(cache)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc
     assert "no compiled state" in proc.stdout and "nothing sealed" in proc.stdout
@@ -232,13 +233,13 @@ def test_the_runner_seals_with_the_key_its_units_start_checks(tmp_path: Path) ->
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     env = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(r), "INFERENCE_PYTHON": sys.executable,
            "INFERENCE_CACHE": str(cache), "MODEL_PATH": str(model)}
-    run = subprocess.run(["bash", str(r / "usr/local/bin/inference-run"), "--seal", "vllm-0"],
+    run = subprocess.run([*runtime("inference-run"), "--seal", "vllm-0"],
                          env=env, capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0 and "sealed 4 files" in run.stdout, run
     sealed = json.loads((cache / startup.MANIFEST).read_text())["key"]
     assert sealed["model_config"] == startup.bundle.config_digest(str(model))
     assert sealed["profile_sha256"] != "none" and sealed["draft_config"] != "none"  # the unit's
-    check = subprocess.run([sys.executable, str(r / "usr/local/sbin/inference-startup"), "check",
+    check = subprocess.run([*runtime("inference-startup"), "check",
                             "--cache", str(cache), "--profile-json",
                             str(r / "etc/inference-image/profile.json")],
                            env={**env, "DRAFT_PATH": "/var/lib/inference-image/models/"
@@ -290,7 +291,7 @@ def test_a_starts_phases_come_from_its_journal_in_the_order_it_passes_them() -> 
     # the target's and the draft's compiles, summed
     assert a["reported"]["compile_s"] == 6.0 and a["reported"]["graph_capture_s"] == 9.0
     assert a["said"]["warm_cache"] == "inference-startup: no warm-cache bundle"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "phases", "--since-monotonic", "100",
+    proc = subprocess.run([*STARTUP, "phases", "--since-monotonic", "100",
                            "--ready-s", "61.5"], input=JOURNAL, capture_output=True, text=True,
                           timeout=60, check=True)
     assert json.loads(proc.stdout)["phases"][:2] == [["api_imports", 18.5],
@@ -368,7 +369,7 @@ def test_inspect_names_the_architectures_vllm_inspects_at_a_start(tmp_path: Path
 def test_inspect_without_a_python_or_a_cache_root_says_which_is_missing(tmp_path: Path) -> None:
     env = tmp_path / "vllm-0.env"
     env.write_text("MODEL_PATH=/nowhere\n")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "inspect", "--env", str(env)],
+    proc = subprocess.run([*STARTUP, "inspect", "--env", str(env)],
                           capture_output=True, text=True, check=False,
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 1
@@ -381,14 +382,16 @@ def test_the_record_of_what_a_start_reads_lists_its_libraries_and_modules(tmp_pa
     compiled files, extension modules as they are) and the shared libraries it mapped; a module
     that is not there is skipped, not fatal, and so is a lazy module whose attributes import what
     is not installed (transformers' do: the cpu image has no torchvision)."""
-    from inference_image.startup import prepare
+    from inference_machine import prepare
     lazy = ("import sys, types\n"
             "class Lazy(types.ModuleType):\n"
             "    def __getattr__(self, name):\n"
             "        raise ModuleNotFoundError(\"No module named 'torchvision'\")\n"
             "sys.modules['lazy_like_transformers'] = Lazy('lazy_like_transformers')\n")
-    script = lazy + "NAMES = ['json', 'ctypes', 'no_such_module_here']\n" + prepare.RECORD_READS
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    script = (lazy + "sys.argv = ['inspect_in_vllm.py', '--names', 'json', 'ctypes', "
+              "'no_such_module_here', 'lazy_like_transformers']\nimport runpy\n"
+              f"runpy.run_path({str(prepare.INSPECT_SCRIPT)!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
                           check=True, timeout=60)
     reads = prepare.reads_from("a vLLM log line\n" + proc.stdout)
     assert reads is not None
@@ -406,7 +409,7 @@ def test_prefetch_reads_the_recorded_files_and_never_a_pipe(tmp_path: Path) -> N
     of a FIFO would block the prefetch forever)."""
     import os
 
-    from inference_image.startup import prepare
+    from inference_machine import prepare
     lib, mod = tmp_path / "libx.so", tmp_path / "m.pyc"
     lib.write_bytes(b"L" * 3000)
     mod.write_bytes(b"M" * 200)
@@ -442,7 +445,7 @@ def test_prefetch_command_reads_the_cache_roots_record_and_says_what_is_wrong_wi
     lib.write_bytes(b"L" * 2048)
     (tmp_path / startup.READS).write_text(json.dumps({"libs": [str(lib)], "modules": []}))
     env = {"PATH": "/usr/bin:/bin", "INFERENCE_CACHE": str(tmp_path), "MODEL_PATH": "/nowhere"}
-    run = [sys.executable, str(SCRIPT), "prefetch"]
+    run = [*STARTUP, "prefetch"]
     proc = subprocess.run(run, capture_output=True, text=True, check=False, env=env, timeout=60)
     assert proc.returncode == 0 and "read ahead 1 files" in proc.stdout, proc.stderr
     assert "no record" not in proc.stdout

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, runtime
 
 from inference_image.profiles import resolve
 from inference_image.render import MACHINE_FILES, MACHINE_STATE, PATHS, render
@@ -24,7 +24,7 @@ def _render(tmp_path: Path, *overrides: str) -> Path:
 
 
 def _boot(render_dir: Path, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(render_dir / "usr/local/sbin/inference-firstboot"), *args],
+    return subprocess.run([*runtime("inference-firstboot", render_dir, root), *args],
                           env={**os.environ, "INFERENCE_ROOT": str(root)},
                           capture_output=True, text=True, check=False)
 
@@ -73,7 +73,7 @@ def test_plain_http_only_when_asked(tmp_path: Path, how: str) -> None:
     r = _render(tmp_path, *(["router.tls=off"] if how == "profile" else []))
     root = tmp_path / "root"
     if how == "user-data":
-        _at(root, "tls_mode").parent.mkdir(parents=True)
+        _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
         _at(root, "tls_mode").write_text("off\n")
     assert _boot(r, root).returncode == 0
     listen = _at(root, "public_listen").read_text()
@@ -84,7 +84,7 @@ def test_plain_http_only_when_asked(tmp_path: Path, how: str) -> None:
 
 def test_user_data_can_turn_tls_back_on(tmp_path: Path) -> None:
     r, root = _render(tmp_path, "router.tls=off"), tmp_path / "root"
-    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
     _at(root, "tls_mode").write_text("self-signed")
     assert _boot(r, root).returncode == 0
     assert " ssl " in _at(root, "public_listen").read_text()
@@ -92,7 +92,7 @@ def test_user_data_can_turn_tls_back_on(tmp_path: Path) -> None:
 
 def test_a_mistyped_mode_keeps_tls(tmp_path: Path) -> None:
     r, root = _render(tmp_path), tmp_path / "root"
-    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
     _at(root, "tls_mode").write_text("of\n")
     run = _boot(r, root)
     assert run.returncode == 0
@@ -103,7 +103,7 @@ def test_a_mistyped_mode_keeps_tls(tmp_path: Path) -> None:
 @pytest.mark.parametrize("word", ["o f f", "o\nff", "off\x1b[2J", "OFF"])
 def test_only_the_exact_word_turns_tls_off(tmp_path: Path, word: str) -> None:
     r, root = _render(tmp_path), tmp_path / "root"
-    _at(root, "tls_mode").parent.mkdir(parents=True)
+    _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
     _at(root, "tls_mode").write_text(f"  {word}\n")
     run = _boot(r, root)
     assert run.returncode == 0 and "Keeping self-signed" in run.stderr
@@ -122,7 +122,7 @@ def test_the_certificate_names_the_addresses_and_globs_nothing(tmp_path: Path) -
     (bin_dir / "hostname").write_text('#!/bin/sh\n[ "$1" = -I ] && echo "10.0.0.7 * 2001:db8::7"'
                                       ' || echo worker-1\n')
     (bin_dir / "hostname").chmod(0o755)
-    run = subprocess.run(["bash", str(r / "usr/local/sbin/inference-firstboot")], cwd=cwd,
+    run = subprocess.run(runtime("inference-firstboot", r, root), cwd=cwd,
                          env={**os.environ, "INFERENCE_ROOT": str(root),
                               "PATH": f"{bin_dir}:{os.environ['PATH']}"},
                          capture_output=True, text=True, check=False)
@@ -157,11 +157,11 @@ def test_sysprep_removes_every_per_machine_file(tmp_path: Path) -> None:
     assert _boot(r, root).returncode == 0
     # and what a machine with a domain has: user-data's ACME settings, inference-acme's account
     _at(root, "acme_conf").write_text("domain=llm.example.com\nemail=ops@example.com\n")
-    (_at(root, "acme_state") / "accounts").mkdir(parents=True)
+    (_at(root, "acme_state") / "accounts").mkdir(parents=True, exist_ok=True)
     # and a fleet droplet's role, from its user-data
     _at(root, "fleet").write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
     # and an instance's checkpoint, written once it served
-    (_at(root, "checkpoints") / "vllm-0" / "images").mkdir(parents=True)
+    (_at(root, "checkpoints") / "vllm-0" / "images").mkdir(parents=True, exist_ok=True)
     extra = json.loads((r / "ansible/extra-vars.json").read_text())
     every = [PATHS[k] for k in (*MACHINE_FILES, *MACHINE_STATE)]
     assert extra["sysprep_machine_files"] == every

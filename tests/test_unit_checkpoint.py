@@ -1,4 +1,4 @@
-"""serving.checkpoint on the image (inference_image.startup.unit_checkpoint, the plugin's gate,
+"""serving.checkpoint on the image (inference_machine.unit_checkpoint, the plugin's gate,
 the render): what the profile refuses, what the render writes, the gate that keeps clients out
 until the helper opens it, the follower, and a real inference-run beside its real helper falling
 back to a cold start, saying why, where there is no usable checkpoint or no GPU to take one on."""
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, runtime
+from inference_machine import checkpoint, unit_checkpoint
+from inference_machine.bounded_http import fetch
 
-from inference_image.bounded_http import fetch
 from inference_image.profiles import ProfileErrors, resolve
 from inference_image.render import CHECKPOINT_ENV, CHECKPOINT_GATE, CHECKPOINT_RELOAD, PATHS, render
-from inference_image.startup import checkpoint, unit_checkpoint
 
 sys.path.insert(0, str(ROOT / "plugins" / "vllm"))
 from inference_image_vllm.gate import Gate
@@ -203,7 +203,7 @@ def test_the_gate_answers_503_to_all_but_the_token_until_its_flag_exists(
 
 def test_the_follower_hands_a_stop_to_the_restored_tree_and_ends_with_it() -> None:
     tree = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    follower = subprocess.Popen([sys.executable, "-c", "import sys; from inference_image.startup"
+    follower = subprocess.Popen([sys.executable, "-c", "import sys; from inference_machine"
                                  " import unit_checkpoint as u; sys.exit(u.follow(int(sys.argv[1"
                                  "])))", str(tree.pid)], stderr=subprocess.PIPE, text=True)
     time.sleep(1)
@@ -297,7 +297,7 @@ def test_inference_run_starts_cold_behind_its_gate_saying_why_when_it_cannot_res
            "TMPDIR": str(tmp_path / "tmp"), "MODEL_PATH": str(tmp_path), "DRAFT_PATH": "d",
            "INFERENCE_HOST": "127.0.0.1", "STANDIN_LOG": str(log)}
     env.pop("INVOCATION_ID", None)
-    proc = subprocess.Popen([str(rdir / "usr/local/bin/inference-run"), "vllm-0"], env=env,
+    proc = subprocess.Popen([*runtime("inference-run"), "vllm-0"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     run = rdir / PATHS["checkpoint_run"].lstrip("/")

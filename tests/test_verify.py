@@ -1,16 +1,17 @@
 """inference-image verify: target parsing, the one-line errors before any test runs, the summary."""
 
 import http.server
+import json
 import os
 import shutil
 import subprocess
 
 import pytest
-from conftest import first_boot, machine
+from conftest import first_boot, machine, runtime
 
 from inference_image.cli import main
-from inference_image.verify import (
-    PROFILE_JSON,
+from inference_image.ops.verify import (
+    PATHS,
     PUBLIC_HEALTH,
     VerifyError,
     parse_target,
@@ -115,7 +116,7 @@ def test_wait_without_serving_gives_up_with_the_last_state(tmp_path, monkeypatch
 
 
 def test_wait_retries_the_first_connection(monkeypatch):
-    import inference_image.verify as v
+    import inference_image.ops.verify as v
 
     answers = [VerifyError("SSH to h:22 failed: No existing session"), "cpu"]
 
@@ -144,11 +145,15 @@ def test_public_health_probe_checks_the_machines_certificate(tmp_path):
     """verify --wait's probe, run as on a machine: TLS against the certificate first boot made,
     and a refusal when the server shows another certificate."""
     m = machine(tmp_path, Health)
-    script = PUBLIC_HEALTH.replace(repr(PROFILE_JSON), repr(str(m.profile_json)))
+    assert PUBLIC_HEALTH.split()[:2] == [PATHS["startup"], "public-health"]
+    # endpoint.json as first boot wrote it (the machine's own paths, found under INFERENCE_ROOT)
+    ep = json.loads((m.etc / "endpoint.json").read_text())
+    (m.etc / "endpoint.json").write_text(json.dumps({**ep, "tls_cert": PATHS["tls_cert"]}))
 
     def probe() -> str:
-        return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
+        return subprocess.run([*runtime("inference-startup"), *PUBLIC_HEALTH.split()[1:]],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "INFERENCE_ROOT": str(m.root)}).stdout.strip()
     with m.serving():
         assert probe() == "200"
     first_boot(tmp_path / "render", tmp_path / "other")

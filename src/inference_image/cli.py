@@ -7,9 +7,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import __version__, bench, fleet, soak, verify
-from .inputs import InputError
+from inference_machine import BundleError
+from inference_machine.inputs import InputError
+
+from . import __version__
 from .memory import decode_bytes_per_token
+from .ops import bench, fleet, soak, verify
 from .profiles import (
     ProfileError,
     ProfileErrors,
@@ -20,7 +23,6 @@ from .profiles import (
 )
 from .render import RenderError, render
 from .schema import field_reference
-from .startup import BundleError
 from .tables import text_table
 
 

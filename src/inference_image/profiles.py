@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from inference_machine.inputs import InputError, read_text
 from pydantic import BaseModel, ValidationError
 
 from . import memory
-from .inputs import InputError, read_text
 from .schema import Catalog, CatalogModel, Profile
 
 # serving.extra_args is read by vllm_flags' allowlist; its names are a profile's rules too

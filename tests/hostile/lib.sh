@@ -6,8 +6,8 @@ SRV=http://127.0.0.1:18765; API=https://127.0.0.1:18766
 mkprof() { local d=$W/p/$1; rm -rf "$d"; mkdir -p "$d"; cp $H/profiles/*.yaml "$d"/; echo "$d"; }
 # a fresh (absent) output path under $W/o/NAME
 fresh() { local d=$W/o/$1; rm -rf "$d" "$W"/o/."$1".*; mkdir -p $W/o; echo "$d"; }
-# the rendered inference-run of OUT, in dry-run mode, with a clean environment
-dryrun() { env -i PATH=/usr/bin:/bin HOME=$W TMPDIR=$W/tmp INFERENCE_ROOT=$1 INFERENCE_DRY_RUN=1 bash "$1/usr/local/bin/inference-run" "$2"; }
+# inference-run (the machine's runtime) on the render OUT, in dry-run mode, with a clean environment
+dryrun() { env -i PATH=/usr/bin:/bin HOME=$W TMPDIR=$W/tmp INFERENCE_ROOT=$1 INFERENCE_DRY_RUN=1 "$H/.venv/bin/inference-run" "$2"; }
 # every rendered file of OUT, for greps
 files() { find "$1" -type f; }
 # a scratch machine root for the runtime scripts, with stubs first on PATH

@@ -1,7 +1,7 @@
 """The gate of an instance that checkpoints (serving.checkpoint; vLLM's --middleware): until the
 root helper beside its start opens it, the API server answers every request 503 with
 Retry-After, /health too, so neither the router nor a client reaches it, except the helper's own
-requests, which carry the start's token (inference_image.startup.unit_checkpoint). A cold start's
+requests, which carry the start's token (inference_machine.unit_checkpoint). A cold start's
 checkpoint is so taken before any client's request, and a restored instance serves only once it
 has given its reference answer again.
 

@@ -1,0 +1,193 @@
+"""inference-acme: replace the public port's own certificate with one from an ACME CA (Let's
+Encrypt unless told otherwise) for the domain user-data names in paths.acme_conf, and keep it
+renewed. inference-acme.timer runs it a minute after boot and hourly; it asks the CA only when
+there is no certificate for the domain yet or it expires within 30 days, so an hourly run is a
+retry after a failure and costs nothing otherwise. Until a certificate comes, and whenever the CA
+cannot be reached, the machine keeps serving with the certificate first boot made.
+
+paths.acme_conf, one setting a line (user-data's write_files, README "Using a machine"):
+  domain=llm.example.com   required: a DNS name that resolves to this machine; the CA connects
+                           to it on port 80, which is open only while it does
+  email=ops@example.com    required: the account at the CA (Let's Encrypt's expiry notices)
+  directory=https://...    optional: another CA's ACME directory (default: Let's Encrypt)
+  ca=/path/bundle.pem      optional: the CA of the ACME server's own HTTPS (a private CA)
+INFERENCE_ROOT prefixes every path (tests run it in a scratch directory)."""
+
+from __future__ import annotations
+
+import fcntl
+import filecmp
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import firstboot, rendered
+from .inputs import InputError, printable, read_text
+from .layout import FIREWALL_TABLE
+
+LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
+CONF_MAX = 64 * 1024
+SETTING = re.compile(r"([a-z]+)=(.*)")
+LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+DOMAIN = re.compile(rf"({LABEL}\.)+[a-z]{LABEL}|({LABEL}\.)+[a-z]")
+EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
+DIRECTORY = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
+RULE_COMMENT = "inference-acme"
+
+
+class Refused(Exception):
+    pass
+
+
+def say(msg: str) -> None:
+    print(f"inference-acme: {printable(msg)}", flush=True)
+
+
+def read_conf(conf: Path) -> dict[str, str]:
+    """The settings, each checked against a closed alphabet: every value reaches lego's command
+    line and file names."""
+    try:
+        text = read_text(conf, conf.name, CONF_MAX)
+    except InputError as exc:
+        raise Refused(str(exc)) from None
+    got = {"domain": "", "email": "", "directory": LETS_ENCRYPT, "ca": ""}
+    for line in text.split("\n"):
+        line = line.removesuffix("\r")
+        if re.fullmatch(r"\s*(#.*)?", line):
+            continue
+        m = SETTING.fullmatch(line)
+        if not m:
+            raise Refused(f"{conf}: '{line}' is not setting=value. Fix: one of domain=, email=, "
+                          "directory=, ca= a line")
+        name, value = m.groups()
+        if name not in got:
+            raise Refused(f"{conf}: unknown setting '{name}'. Fix: domain=, email=, directory= or ca=")
+        got[name] = value.lower() if name == "domain" else value
+    d = got["domain"]
+    if len(d) > 253 or not DOMAIN.fullmatch(d):
+        raise Refused(f"{conf}: domain='{d}' is not a DNS name. Fix: domain=llm.example.com, a name "
+                      "whose A/AAAA record is this machine's address")
+    if not EMAIL.fullmatch(got["email"]):
+        raise Refused(f"{conf}: email='{got['email']}' is not an email address. Fix: "
+                      "email=you@example.com (the CA's account; Let's Encrypt sends expiry notices there)")
+    if not DIRECTORY.fullmatch(got["directory"]):
+        raise Refused(f"{conf}: directory='{got['directory']}' is not an https URL. Fix: leave it "
+                      "out for Let's Encrypt, or give the CA's ACME directory URL")
+    if got["ca"] and not Path(got["ca"]).is_file():
+        raise Refused(f"{conf}: ca={got['ca']} is not a file. Fix: a PEM bundle of the CA that "
+                      "signs the ACME server's own certificate")
+    return got
+
+
+class Port80:
+    """Port 80 is closed by the firewall; the CA's check (HTTP-01) needs it, so it opens for as
+    long as lego answers on it, and no longer. Rules a killed run left behind go first."""
+
+    def __init__(self) -> None:
+        self.firewall = shutil.which("nft") is not None and self._nft(
+            "list", "chain", "inet", FIREWALL_TABLE, "input").returncode == 0
+
+    @staticmethod
+    def _nft(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nft", *args], capture_output=True, text=True, timeout=30,
+                              check=False)
+
+    def close(self) -> None:
+        if not self.firewall:
+            return
+        listing = self._nft("-a", "list", "chain", "inet", FIREWALL_TABLE, "input").stdout
+        for handle in re.findall(rf'comment "{RULE_COMMENT}".*# handle ([0-9]+)$', listing, re.M):
+            self._nft("delete", "rule", "inet", FIREWALL_TABLE, "input", "handle", handle)
+
+    def open(self) -> None:
+        if self.firewall:
+            self._nft("insert", "rule", "inet", FIREWALL_TABLE, "input", "tcp", "dport", "80",
+                      "accept", "comment", f'"{RULE_COMMENT}"')
+
+
+def obtain(conf: dict[str, str], state: Path) -> Path:
+    """lego's certificate for the domain, new or renewed (30 days before it expires)."""
+    domain = conf["domain"]
+    crt = state / "certificates" / f"{domain}.crt"
+    argv = ["lego", "--path", str(state), "--accept-tos", "--email", conf["email"],
+            "--server", conf["directory"], "--domains", domain, "--http", "--http.port", ":80"]
+    argv += ["renew", "--days", "30", "--no-random-sleep"] if firstboot._nonempty(crt) else ["run"]
+    env = {**os.environ, **({"LEGO_CA_CERTIFICATES": conf["ca"]} if conf["ca"] else {})}
+    port80 = Port80()
+    port80.close()
+    try:
+        port80.open()
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        r = subprocess.CompletedProcess(argv, 1, "", str(exc))
+    finally:
+        port80.close()
+    if r.returncode:
+        sys.stderr.write("\n".join((r.stdout + r.stderr).strip().splitlines()[-4:]) + "\n")
+        raise Refused(f"no certificate for {domain} from {conf['directory']} (the CA's answer "
+                      "above). The public port keeps its current certificate; inference-acme.timer "
+                      f"tries again within the hour. Check that {domain} resolves to this machine "
+                      "and that nothing in front of it blocks port 80.")
+    return crt
+
+
+def install(doc: dict[str, Any], conf: dict[str, str], state: Path, crt: Path) -> None:
+    cert, key = firstboot.at(doc, "tls_cert"), firstboot.at(doc, "tls_key")
+    domain = conf["domain"]
+    if cert.exists() and filecmp.cmp(crt, cert, shallow=False):
+        say(f"the certificate for {domain} is current (renewed 30 days before it expires)")
+        return
+    # both files in place before nginx reloads (the firstboot call below): never a key of one
+    # certificate beside the other
+    shutil.copyfile(state / "certificates" / f"{domain}.key", f"{key}.new")
+    os.chmod(f"{key}.new", 0o600)
+    shutil.copyfile(crt, f"{cert}.new")
+    os.chmod(f"{cert}.new", 0o644)
+    os.replace(f"{key}.new", key)
+    os.replace(f"{cert}.new", cert)
+    end = firstboot.openssl("x509", "-in", str(cert), "-noout", "-enddate").stdout.strip()
+    say(f"new certificate for {domain} from {conf['directory']}, valid until {end.partition('=')[2]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv):
+        print("usage: inference-acme", file=sys.stderr)
+        return 2
+    try:
+        doc = rendered.profile()
+        conf_path = firstboot.at(doc, "acme_conf")
+        if not firstboot._nonempty(conf_path):
+            say(f"no {conf_path}: the public port keeps this machine's own certificate")
+            return 0
+        if firstboot.tls_mode(doc) == "off":
+            say(f"TLS is off on this machine ({firstboot.at(doc, 'tls_mode')} or the profile): no "
+                "certificate to get")
+            return 0
+        conf = read_conf(conf_path)
+        if shutil.which("lego") is None:
+            raise Refused("lego (the ACME client) is not installed. Fix: apt-get install lego")
+        os.umask(0o077)
+        state = firstboot.at(doc, "acme_state")
+        state.mkdir(parents=True, exist_ok=True)
+        with open(state / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            crt = obtain(conf, state)
+            install(doc, conf, state, crt)
+            # first boot's program writes the endpoint file (this URL, the fingerprint) and
+            # reloads nginx
+            (state / "domain").write_text(conf["domain"] + "\n")
+        return firstboot.main([])
+    except Refused as exc:
+        print(f"inference-acme: {printable(str(exc))}", file=sys.stderr)
+        return 1
+    except rendered.RenderedError as exc:
+        print(f"inference-acme: {printable(str(exc))}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
