@@ -168,7 +168,7 @@ def test_the_build_inspected_the_models_so_no_start_does(root: Any, profile: dic
     doc = json.loads(f.content_string)
     assert any("/torch/" in p for p in doc["libs"]), "no torch library in the record"
     assert any("/vllm/" in p for p in doc["modules"]), "no vLLM module in the record"
-    r = root.run(f"python3 {profile['paths']['startup']} inspect --env {units}/{inst}.env "
+    r = root.run(f"{profile['paths']['startup']} inspect --env {units}/{inst}.env "
                  f"--args {units}/{inst}.args")
     assert r.rc == 0, r.stderr
     assert r.stdout.startswith("inference-startup: already inspected: "), r.stdout
