@@ -30,7 +30,7 @@ SCHEMA = 1
 # record kinds, in the order the page lists them, with their section's heading
 KINDS = {"proof": "Runs on GPUs", "layout": "Layouts", "gemm-table": "FP8 GEMM tables",
          "faults": "Faults under load", "soak": "Soak", "multinode": "Multi-node",
-         "fleet": "Fleet", "build": "Builds"}
+         "fleet": "Fleet", "build": "Builds", "systemd": "The image under systemd on a GPU"}
 # --set fields that place a server on the machine and change nothing it serves
 IMAGE, VANILLA = "#1f6feb", "#8c959f"
 SHADES = ("#1f6feb", "#54aeff", "#0a3069")
