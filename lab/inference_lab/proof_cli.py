@@ -293,32 +293,30 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    pp = sub.add_parser("proof", help="the GPU proof: vanilla vLLM against the profile as imaged "
-                        "(run on the GPU machine)")
-    psub = pp.add_subparsers(dest="proof_cmd", required=True, metavar="ACTION")
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", default="h100")
+    p.add_argument("--concurrency", type=bench._ints, default=list(CHAT_CONCURRENCY),
+                   help="chat concurrencies (default 1-64)")
+    p.add_argument("--out", default=os.environ.get("OUT", "build/proof"),
+                   help="results (proof.json); default $OUT")
+    p.add_argument("--work", default="/tmp/proof", help="renders, logs, compile caches")
+    p.add_argument("--model-dir", default=os.environ.get("MODEL_DIR", "/tmp/model"),
+                   help="the weightless target folder (config + tokenizer)")
+    p.add_argument("--python", default=sys.executable, help="the Python vLLM runs in")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--tier", default="h100")
-        p.add_argument("--concurrency", type=bench._ints, default=list(CHAT_CONCURRENCY),
-                       help="chat concurrencies (default 1-64)")
-        p.add_argument("--out", default=os.environ.get("OUT", "build/proof"),
-                       help="results (proof.json); default $OUT")
-        p.add_argument("--work", default="/tmp/proof", help="renders, logs, compile caches")
-        p.add_argument("--model-dir", default=os.environ.get("MODEL_DIR", "/tmp/model"),
-                       help="the weightless target folder (config + tokenizer)")
-        p.add_argument("--python", default=sys.executable, help="the Python vLLM runs in")
 
-    def prompts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--prompts-per-concurrency", type=int, default=4,
-                       help="bench prompts per unit of concurrency (2 for 70B: ~10 s an answer)")
-        p.add_argument("--min-prompts", type=int, default=16,
-                       help="at least this many prompts a row")
+def _prompts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts-per-concurrency", type=int, default=4,
+                   help="bench prompts per unit of concurrency (2 for 70B: ~10 s an answer)")
+    p.add_argument("--min-prompts", type=int, default=16,
+                   help="at least this many prompts a row")
 
+
+def _plan_parser(psub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = psub.add_parser("plan", help="write the standard plan (vanilla, draft-off, as imaged at "
                         "each acceptance length)")
-    common(p)
-    prompts(p)
+    _common(p)
+    _prompts(p)
     p.add_argument("--acceptance-lengths", type=_floats, default=None,
                    help="mean lengths measured beside the draft's published acceptance "
                    "(default: 1.0 and k+1, the worst and best a k-token draft can do)")
@@ -330,6 +328,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write", metavar="FILE")
     p.set_defaults(func=cmd_plan)
 
+
+def _record_parser(psub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = psub.add_parser("record", help="write a run's raw record for docs/benchmarks from "
                         "each machine's proof.json, and print each machine's table")
     p.add_argument("--tier", default="h100",
@@ -348,18 +348,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="rewrite an existing record")
     p.set_defaults(func=cmd_record)
 
+
+def _run_parser(psub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = psub.add_parser("run", help="run a plan file, step by step")
-    common(p)
+    _common(p)
     p.add_argument("--plan", required=True)
     p.add_argument("--steps", help="run only these steps of the plan (names, comma-separated): "
                    "a plan longer than one call of the GPU machine runs in slices, each adding "
                    "to --out/proof.json")
     p.set_defaults(func=cmd_run)
 
-    p = psub.add_parser("step", help="run one step, e.g. a variant: step profile --label x "
-                        "--set serving.max_num_seqs=64")
-    common(p)
-    prompts(p)
+
+def _step_arguments(p: argparse.ArgumentParser) -> None:
+    """What one step takes beyond the common arguments: its kind, label and settings, the
+    acceptance it serves at, and how its clients and tables are placed."""
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--label")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
@@ -420,5 +422,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "shapes under DIR (a tmpfs that holds the models' weights), read instead of "
                    "dummy weights: what a checkpoint that reads its weights again from the "
                    "model's files needs (serving.checkpoint_weights: files)")
+
+
+def _step_parser(psub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = psub.add_parser("step", help="run one step, e.g. a variant: step profile --label x "
+                        "--set serving.max_num_seqs=64")
+    _common(p)
+    _prompts(p)
+    _step_arguments(p)
     p.set_defaults(func=cmd_step)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    pp = sub.add_parser("proof", help="the GPU proof: vanilla vLLM against the profile as imaged "
+                        "(run on the GPU machine)")
+    psub = pp.add_subparsers(dest="proof_cmd", required=True, metavar="ACTION")
+    for part in (_plan_parser, _record_parser, _run_parser, _step_parser):
+        part(psub)
 

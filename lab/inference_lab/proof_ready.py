@@ -299,28 +299,7 @@ class ReadySteps:
             self._phase("compiling the packages to bytecode, as an image's install does")
             self.results["bytecode"] = compile_bytecode(
                 self.python, os.environ.get("PROOF_SITE", "/tmp/site"))
-        restores = bool(set(RESTORED) & set(starts))
-        # a render with serving.checkpoint takes and restores its checkpoints itself (its
-        # inference-run starts the root helper where there is no systemd): its restored starts
-        # are starts like the others, timed from the process start
-        by_unit = restores and not step.vanilla and self.step_resolved(step).profile.serving \
-            .checkpoint
-        if by_unit:
-            if self.step_resolved(step).profile.serving.checkpoint_weights == "files" and \
-                    not step.weight_files:
-                raise ProofError(f"{label}: its checkpoint reads the weights again from the "
-                                 "model's files, and dummy weights have none: give "
-                                 "--weight-files DIR (a tmpfs)")
-            if step.acceptance_length or step.acceptance_rates or step.published_acceptance:
-                raise ProofError(f"{label}: a render that checkpoints compares its reference "
-                                 "answer after a restore, which synthetic acceptance draws: run "
-                                 "its ready starts without an acceptance")
-            env = {**env, "INFERENCE_CRIU": criu_bin()}
-            # the restored trees' processes become this process's once CRIU exits
-            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-        elif restores:
-            env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
-                (env.get("INFERENCE_EXTRA_ARGS", ""), CHECKPOINT_ARGS)).strip()}
+        restores, by_unit, env = self._restore_env(step, label, starts, env)
         record = self.results.setdefault("ready", {}).setdefault(label, {})
         # sleep_mode: the server ran with what a checkpoint needs (CHECKPOINT_ARGS and _ENV), not
         # quite as it ships; the ledger shows such starts only beside a restored one
@@ -408,29 +387,7 @@ class ReadySteps:
                                 None if step.vanilla else self.step_resolved(step), (),
                                 step.sampling)
             finally:
-                self._phase("stopping the server")
-                srv.stop()
-                if by_unit:
-                    # the restored tree is not the server's process group: gone for sure, and
-                    # its pids free for the next restore
-                    for _, line in lines:
-                        if m := re.search(r"inference-checkpoint: .*: restored in .*; head pid "
-                                          r"(\d+)", line):
-                            checkpoint.kill_tree(int(m[1]))
-                    reap_orphans()
-                # each log line with the second it arrived after the process start: where a
-                # phase's time goes, finer than vLLM's own one-second stamps
-                (self.work / "logs" / f"{label}-{state}.times.json").write_text(
-                    json.dumps([[round(t, 3), line] for t, line in lines]))
-                entry["cache_mib"] = {p: _size_mib(root / p) for p in startup.CACHE_PARTS
-                                      if (root / p).exists()}
-                if state == "cold":
-                    entry["written_outside"] = {
-                        "home": written_under(home, since),
-                        "tmp": {k: v for k, v in written_under(Path("/tmp"), since).items()
-                                if not (self.work.is_relative_to("/tmp") and
-                                        k == self.work.relative_to("/tmp").parts[0])}}
-                self.save()
+                self._stopped(srv, label, state, lines, by_unit, root, home, since, entry)
         if not step.vanilla and not set(BUNDLED) & set(starts) and not step.bundle:
             # what a build on this GPU would ship: the cache the starts left
             self._pack(label, root, python, profile_json, record, env)
@@ -441,6 +398,65 @@ class ReadySteps:
                                                         if k in ("PYTHONPATH",)})
             print(f"[{label}] import {IMPORT_MODULE}: {record['imports']['wall_s']} s; "
                   f"{record['imports']['top_cumulative_s'][:5]}", flush=True)
+
+    def _restore_env(self, step: Step, label: str, starts: list[str] | tuple[str, ...],
+                     env: dict[str, str]) -> tuple[bool, bool, dict[str, str]]:
+        """Whether the starts restore a checkpoint, whether the render's own units take and
+        restore it (serving.checkpoint: its inference-run starts the root helper where there is
+        no systemd, and its restored starts are timed like the others, from the process start),
+        and the servers' environment for that."""
+        restores = bool(set(RESTORED) & set(starts))
+        # a render with serving.checkpoint takes and restores its checkpoints itself (its
+        # inference-run starts the root helper where there is no systemd): its restored starts
+        # are starts like the others, timed from the process start
+        by_unit = restores and not step.vanilla and self.step_resolved(step).profile.serving \
+            .checkpoint
+        if by_unit:
+            if self.step_resolved(step).profile.serving.checkpoint_weights == "files" and \
+                    not step.weight_files:
+                raise ProofError(f"{label}: its checkpoint reads the weights again from the "
+                                 "model's files, and dummy weights have none: give "
+                                 "--weight-files DIR (a tmpfs)")
+            if step.acceptance_length or step.acceptance_rates or step.published_acceptance:
+                raise ProofError(f"{label}: a render that checkpoints compares its reference "
+                                 "answer after a restore, which synthetic acceptance draws: run "
+                                 "its ready starts without an acceptance")
+            env = {**env, "INFERENCE_CRIU": criu_bin()}
+            # the restored trees' processes become this process's once CRIU exits
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        elif restores:
+            env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
+                (env.get("INFERENCE_EXTRA_ARGS", ""), CHECKPOINT_ARGS)).strip()}
+        return restores, by_unit, env
+
+    def _stopped(self, srv: Any, label: str, state: str, lines: list[tuple[float, str]],
+                 by_unit: bool, root: Path, home: Path, since: float,
+                 entry: dict[str, Any]) -> None:
+        """A start's server stopped, and what it left recorded: its timed log lines, its cache's
+        size, and (cold) what it wrote outside its folders."""
+        self._phase("stopping the server")
+        srv.stop()
+        if by_unit:
+            # the restored tree is not the server's process group: gone for sure, and
+            # its pids free for the next restore
+            for _, line in lines:
+                if m := re.search(r"inference-checkpoint: .*: restored in .*; head pid "
+                                  r"(\d+)", line):
+                    checkpoint.kill_tree(int(m[1]))
+            reap_orphans()
+        # each log line with the second it arrived after the process start: where a
+        # phase's time goes, finer than vLLM's own one-second stamps
+        (self.work / "logs" / f"{label}-{state}.times.json").write_text(
+            json.dumps([[round(t, 3), line] for t, line in lines]))
+        entry["cache_mib"] = {p: _size_mib(root / p) for p in startup.CACHE_PARTS
+                              if (root / p).exists()}
+        if state == "cold":
+            entry["written_outside"] = {
+                "home": written_under(home, since),
+                "tmp": {k: v for k, v in written_under(Path("/tmp"), since).items()
+                        if not (self.work.is_relative_to("/tmp") and
+                                k == self.work.relative_to("/tmp").parts[0])}}
+        self.save()
 
     def _unit_said(self, label: str, state: str, lines: list[tuple[float, str]], rdir: Path,
                    instance: str, entry: dict[str, Any]) -> None:

@@ -181,10 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             # reloads nginx
             (state / "domain").write_text(conf["domain"] + "\n")
         return firstboot.main([])
-    except Refused as exc:
-        print(f"inference-acme: {printable(str(exc))}", file=sys.stderr)
-        return 1
-    except rendered.RenderedError as exc:
+    except (Refused, rendered.RenderedError) as exc:
         print(f"inference-acme: {printable(str(exc))}", file=sys.stderr)
         return 1
 

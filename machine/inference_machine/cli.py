@@ -342,10 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.handler(args))
-    except BundleError as exc:
-        _say(f"inference-startup: {exc}", file=sys.stderr)
-        return 1
-    except rendered.RenderedError as exc:
+    except (BundleError, rendered.RenderedError) as exc:
         _say(f"inference-startup: {exc}", file=sys.stderr)
         return 1
 
