@@ -79,3 +79,17 @@ def test_the_machine_s_runtime_needs_nothing_but_python_and_the_product_holds_no
     edits = [str(f) for f in shipped if "sys.path.insert" in f.read_text()
              or "sys.path.append" in f.read_text()]
     assert edits == []
+
+
+def test_no_template_holds_a_program() -> None:
+    """Templates are configuration: a template that is a program (a shell or Python #! line; an
+    nft ruleset is configuration) is glue of a few lines that calls one (the machine's runtime,
+    the plugin), and no template runs an interpreter on a program in a string or heredoc."""
+    templates = [*(ROOT / "templates").rglob("*.j2"), *(ROOT / "roles").glob("*/templates/**/*.j2")]
+    assert templates
+    for t in templates:
+        text = t.read_text()
+        if re.match(r"#!\S*(sh|bash|python[0-9.]*)\b", text):
+            code = [ln for ln in text.splitlines()[1:] if ln.strip() and not ln.lstrip().startswith("#")]
+            assert len(code) <= 15, f"{t}: {len(code)} lines of program"
+        assert not re.search(r"python3? -c |<<'?PY|\bjq\b.*\|.*\bjq\b|\bawk '", text), t
