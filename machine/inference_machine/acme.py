@@ -115,7 +115,7 @@ def obtain(conf: dict[str, str], state: Path) -> Path:
     crt = state / "certificates" / f"{domain}.crt"
     argv = ["lego", "--path", str(state), "--accept-tos", "--email", conf["email"],
             "--server", conf["directory"], "--domains", domain, "--http", "--http.port", ":80"]
-    argv += ["renew", "--days", "30", "--no-random-sleep"] if firstboot._nonempty(crt) else ["run"]
+    argv += ["renew", "--days", "30", "--no-random-sleep"] if rendered.nonempty(crt) else ["run"]
     env = {**os.environ, **({"LEGO_CA_CERTIFICATES": conf["ca"]} if conf["ca"] else {})}
     port80 = Port80()
     port80.close()
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = rendered.profile()
         conf_path = firstboot.at(doc, "acme_conf")
-        if not firstboot._nonempty(conf_path):
+        if not rendered.nonempty(conf_path):
             say(f"no {conf_path}: the public port keeps this machine's own certificate")
             return 0
         if firstboot.tls_mode(doc) == "off":

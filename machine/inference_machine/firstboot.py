@@ -53,7 +53,7 @@ def tls_mode(doc: dict[str, Any]) -> str:
     --tls-mode): the profile's, unless user-data wrote the exact word of another."""
     mode = str(doc["router"]["tls"])
     path = at(doc, "tls_mode")
-    if not _nonempty(path):
+    if not rendered.nonempty(path):
         return mode
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -85,19 +85,10 @@ def put(path: Path, text: str, mode: int = 0o600) -> None:
 
 def secret(path: Path, what: str, force: bool) -> str:
     """The secret at `path` (hex), made new when missing or forced."""
-    if force or not _nonempty(path):
+    if force or not rendered.nonempty(path):
         put(path, secrets.token_hex(32))
         say(f"new {what} in {path} (read it with: sudo cat {path})")
     return path.read_text().strip()
-
-
-def _nonempty(path: Path) -> bool:
-    """A regular file with something in it (what bash's -s asked, and never a FIFO to hang on)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 def addresses() -> list[str]:
@@ -240,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         put(at(doc, "scrape_token_map"), f'"Bearer {token}" 1;\n')
         addrs = addresses()
         tls_key = at(doc, "tls_key")
-        if force or not _nonempty(cert) or not _nonempty(tls_key):
+        if force or not rendered.nonempty(cert) or not rendered.nonempty(tls_key):
             certificate(cert, tls_key, at(doc, "acme_state") / "domain", addrs)
         cert.parent.chmod(0o755)
         put(at(doc, "public_listen"), listen_file(doc, mode, str(at(doc, "tls_mode"))), 0o644)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import stat
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import boundary
+from . import boundary, rendered
 from .bundle import BundleError, _owner_ids, _write_json
 from .inputs import InputError, read_text
 
@@ -141,11 +140,10 @@ def read_small(path: Path, what: str, max_bytes: int = UNIT_FILE_MAX) -> str:
 def unit_environ(env_file: Path) -> dict[str, str]:
     """A unit's environment file (KEY=VALUE lines, as the render writes them) under this process's
     environment: a variable already set here wins, as in inference-run."""
-    env: dict[str, str] = {}
-    for line in read_small(env_file, "--env").split("\n"):
-        key, eq, value = line.partition("=")
-        if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            env[key] = value
+    try:
+        env = dict(rendered.env_lines(env_file, "--env"))
+    except rendered.RenderedError as exc:
+        raise BundleError(str(exc)) from None
     return {**env, **os.environ}
 
 

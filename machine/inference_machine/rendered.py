@@ -4,8 +4,10 @@ scratch root; unset on the image). Every read is bounded (inputs.read_json, read
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,12 @@ def here(key: str) -> Path:
 
 
 def profile() -> dict[str, Any]:
-    """profile.json as the render wrote it."""
-    path = here("profile_json")
+    """profile.json as the render wrote it (read once a process: a program's parts all ask)."""
+    return _profile_at(here("profile_json"))
+
+
+@functools.cache
+def _profile_at(path: Path) -> dict[str, Any]:
     try:
         doc = read_json(path, "profile.json", PROFILE_MAX, fix="install a render (inference-image "
                         "render) or point INFERENCE_ROOT at one")
@@ -53,10 +59,19 @@ def setting(doc: dict[str, Any], dotted: str, default: Any = None) -> Any:
     return node
 
 
-def env_lines(path: Path) -> list[tuple[str, str]]:
+def nonempty(path: Path) -> bool:
+    """A regular file with something in it (what bash's -s asked, and never a FIFO to hang on)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
+
+
+def env_lines(path: Path, what: str | None = None) -> list[tuple[str, str]]:
     """A unit's environment file: KEY=VALUE lines (# comments and blank lines skipped), in order."""
     try:
-        text = read_text(path, path.name, UNIT_FILE_MAX)
+        text = read_text(path, what or path.name, UNIT_FILE_MAX)
     except InputError as exc:
         raise RenderedError(str(exc)) from None
     out = []
