@@ -405,6 +405,7 @@ def test_a_real_prometheus_scrapes_every_target_with_the_token_and_not_without(
     import subprocess
 
     import yaml
+
     from inference_machine.bounded_http import fetch
 
     _behind_nat(outside_address)

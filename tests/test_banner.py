@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from conftest import runtime
-from inference_machine import banner
 
 from inference_image.profiles import resolve
 from inference_image.render import PATHS, render
+from inference_machine import banner
 
 DOC = {"url": "https://203.0.113.7", "model": "llama-3.1-8b-instruct", "tls": "self-signed",
        "tls_cert": "/etc/inference-image/tls/cert.pem", "tls_sha256": "AB:CD",

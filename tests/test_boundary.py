@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from inference_machine import boundary, bundle, checkpoint, prepare, unit_checkpoint
 from inference_machine.bundle import LOCK, MANIFEST, REJECTED, BundleError
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import answering
+
 from inference_machine import checkpoint
 from inference_machine.checkpoint import CheckpointRefused
 from inference_machine.cuda_checkpoint import CudaCheckpointError, Driver, tree

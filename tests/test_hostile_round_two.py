@@ -13,12 +13,12 @@ import threading
 import time
 from pathlib import Path
 
-import inference_machine as st
 import pytest
+
+import inference_machine as st
+from inference_image.ops import fleet
 from inference_lab import standin_weights
 from inference_machine import bundle, fleetfile, inputs
-
-from inference_image.ops import fleet
 
 anatomy = importlib.import_module("inference_machine.anatomy")  # the package exports a
 # function of the same name

@@ -10,10 +10,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from inference_lab import cli, ledger
 from test_doc_links import anchors
 
 from inference_image.profiles import resolve
+from inference_lab import cli, ledger
 
 
 def test_the_committed_results_and_charts_are_the_ledgers_output(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,10 +19,10 @@ from typing import ClassVar
 
 import pytest
 from conftest import runtime
-from inference_machine.run import notify_argv
 
 from inference_image.profiles import ProfileErrors, resolve
 from inference_image.render import LIMITS, PATHS, ansible_vars, render, serve_during_build, units
+from inference_machine.run import notify_argv
 
 TWO = ["serving.nodes=2", "serving.instances=1", "model.speculative.method=none"]
 

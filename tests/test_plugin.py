@@ -70,10 +70,9 @@ def test_packaged_table_covers_the_shapes_and_steps_of_every_fp8_tier_on_its_gpu
     the tiers on that GPU model serve, as `proof step tune` derives them from the catalog (the
     H100's holds the h100 tier's 8B and the h100x8's 70B at TP=2): a target changed in the catalog
     must be re-tuned, or its GEMMs would silently fall back to Cutlass."""
+    from inference_image.profiles import resolve
     from inference_image_vllm import tune
     from inference_lab import proof
-
-    from inference_image.profiles import resolve
 
     r = resolve(tier)
     monkeypatch.setattr(dispatch, "device_name", lambda: r.profile.hardware.gpu_model)

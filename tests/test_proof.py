@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 from conftest import free_port, free_ports
-from inference_lab import cli, gpu_bench, nodes, proof, proof_probes, proof_tools
 
 from inference_image.ops import bench
 from inference_image.profiles import project_root, resolve
 from inference_image.render import render
+from inference_lab import cli, gpu_bench, nodes, proof, proof_probes, proof_tools
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from inference_lab import sandbox
 
 LISTING = """@default

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from inference_lab import spy
 from inference_lab.cli import main
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from inference_lab import standin_weights as sw
-from inference_lab.proof_plan import DRAFTS, EAGLE3, FP8_STANDIN, ct_fp8
 from safetensors import safe_open
 
 from inference_image.profiles import default_profiles_dir, load_catalog
+from inference_lab import standin_weights as sw
+from inference_lab.proof_plan import DRAFTS, EAGLE3, FP8_STANDIN, ct_fp8
 
 CATALOG = load_catalog(default_profiles_dir()).models
 

@@ -11,10 +11,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-import inference_machine as startup
 import pytest
 from conftest import runtime
 
+import inference_machine as startup
 from inference_image.profiles import DIGEST_AT_DEFAULT, DIGEST_OMITS, resolve
 
 STARTUP = [sys.executable, "-m", "inference_machine"]

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from conftest import ROOT
-from inference_lab.proof_plan import TRITON_RECORD_ENV, Step, step_problem
-from inference_machine import BundleError, precompile_kernels
 
 from inference_image.profiles import KERNEL_LISTS, resolve
 from inference_image.render import vllm_env
+from inference_lab.proof_plan import TRITON_RECORD_ENV, Step, step_problem
+from inference_machine import BundleError, precompile_kernels
 
 sys.path.insert(0, str(ROOT / "plugins/vllm"))
 from inference_image_vllm import switches, triton_kernels

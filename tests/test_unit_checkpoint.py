@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, free_port, runtime
-from inference_machine import checkpoint, unit_checkpoint
-from inference_machine.bounded_http import fetch
 
 from inference_image.profiles import ProfileErrors, resolve
 from inference_image.render import CHECKPOINT_ENV, CHECKPOINT_GATE, CHECKPOINT_RELOAD, PATHS, render
+from inference_machine import checkpoint, unit_checkpoint
+from inference_machine.bounded_http import fetch
 
 sys.path.insert(0, str(ROOT / "plugins" / "vllm"))
 from inference_image_vllm.gate import Gate

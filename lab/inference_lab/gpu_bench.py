@@ -131,10 +131,11 @@ def attention_route(heads: int, kv_heads: int, head: int, max_tokens: int, k: in
     gives it for a step inside a full CUDA graph: a scheduler plan made ahead with at most
     `fa3_splits` splits. Returns the rows and the GPU that timed them (as `bandwidth` does)."""
     import torch
-    from inference_image_vllm import attention
-    from inference_image_vllm.tune import graph_us
     from vllm.v1.attention.backends import flash_attn
     from vllm.v1.attention.backends.fa_utils import get_scheduler_metadata
+
+    from inference_image_vllm import attention
+    from inference_image_vllm.tune import graph_us
 
     block = 16
     cls = flash_attn.FlashAttentionImpl

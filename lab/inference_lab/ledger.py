@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_machine.inputs import InputError, printable, read_json
-
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
+from inference_machine.inputs import InputError, printable, read_json
 
 from . import ready_chart
 from .proof_plan import READY_STARTS

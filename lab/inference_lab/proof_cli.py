@@ -11,14 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from inference_machine.inputs import InputError, read_json, read_text
-
 from inference_image.ops import bench
 from inference_image.profiles import (
     ProfileErrors,
     resolve,
 )
 from inference_image.schema import acceptance_problem, bad_scenario_spec
+from inference_machine.inputs import InputError, read_json, read_text
 
 from .proof import Runner
 from .proof_plan import (

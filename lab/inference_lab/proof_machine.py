@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import inference_machine
 import tenacity
-from inference_machine.bounded_http import fetch
 
+import inference_machine
 from inference_image.cause import failure_cause
+from inference_machine.bounded_http import fetch
 
 from .proof_plan import ProofError
 

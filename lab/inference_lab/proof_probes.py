@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from inference_machine.bounded_http import Answer, fetch
 
 from inference_image.ops.bench import metric_samples, read_url
 from inference_image.profiles import (
@@ -25,6 +24,7 @@ from inference_image.profiles import (
     project_root,
     resolve,
 )
+from inference_machine.bounded_http import Answer, fetch
 
 from .proof_machine import FILE_POLL_S, serving
 from .proof_plan import DRAFTS, FP8_STANDIN, TARGETS, ProofError, ct_fp8

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import inference_machine as startup
-from inference_machine import checkpoint, unit_checkpoint
-
 from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
+from inference_machine import checkpoint, unit_checkpoint
 
 from .proof_machine import runtime, start, with_runtime
 from .proof_plan import (

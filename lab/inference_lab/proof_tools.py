@@ -11,9 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference_machine.bounded_http import fetch
-
 from inference_image.cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
+from inference_machine.bounded_http import fetch
 
 from . import gpu_bench, stacks, trace
 from .proof_machine import BESIDE_TOKENS, DECODE_WINDOW_S, STACKS_WINDOW_S, machine_info, start

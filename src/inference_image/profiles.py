@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from inference_machine.inputs import InputError, read_text
 from pydantic import BaseModel, ValidationError
+
+from inference_machine.inputs import InputError, read_text
 
 from . import memory
 from .schema import Catalog, CatalogModel, Profile

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 import yaml
+
 from inference_image_vllm import switches  # the plugin's own names for what turns it on
 from inference_machine.layout import FIREWALL_TABLE, FLEET_ROUTER_UNIT, NODE_UNIT_SUFFIX, PATHS
 

@@ -17,7 +17,6 @@ from safetensors.torch import load_file  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins" / "vllm"))
 from inference_image_vllm.reload import file_weights, weight_files  # noqa: E402
-
 from inference_lab import standin_weights  # noqa: E402
 from inference_lab.proof_plan import ct_fp8  # noqa: E402
 

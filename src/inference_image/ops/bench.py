@@ -24,10 +24,11 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from inference_machine import bounded_http
-from inference_machine.inputs import InputError, read_text
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
+
+from inference_machine import bounded_http
+from inference_machine.inputs import InputError, read_text
 
 from ..profiles import ProfileErrors, default_profiles_dir, resolve
 from ..schema import SCENARIOS, Scenario, bad_scenario_spec, scenario_spec

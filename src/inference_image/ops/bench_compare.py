@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inference_machine.inputs import InputError, read_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from inference_machine.inputs import InputError, read_json
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> str:

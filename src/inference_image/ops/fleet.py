@@ -34,7 +34,6 @@ from typing import Annotated, Any
 
 import tenacity
 import yaml
-from inference_machine.inputs import InputError, read_json
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -44,6 +43,8 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from inference_machine.inputs import InputError, read_json
 
 from ..profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
 from ..render import PATHS, scrape_targets
