@@ -50,7 +50,7 @@ test-more: criu molecule-gpu checkpoint-units ## CRIU's real dump and restore (b
 # ROOM=machine|build|ops|lab|plugin: one room's tests alone (tests/conftest.py says which file is whose)
 ROOM ?=
 unit: setup ## unit tests, nothing built first (ROOM=machine etc. for one room; exit code 5, no tests collected, fails too)
-	@rc=0; $(BIN)/pytest -q -m "not hostile and not criu and not slow$(if $(ROOM), and $(ROOM))" tests || rc=$$?; \
+	@rc=0; $(BIN)/pytest -q -n auto --dist loadfile -m "not hostile and not criu and not slow$(if $(ROOM), and $(ROOM))" tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make unit: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 slow: setup ## the unit tests that run a whole start, trace or playbook end to end (a few minutes)
