@@ -129,7 +129,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
 	  scripts/gpu-systemd-root scripts/gpu-systemd-overlay scripts/gpu-systemd-boot scripts/gpu-systemd-probe \
-  scripts/gpu-systemd-kit scripts/gpu-systemd-image scripts/gpu-systemd-serve \
+  scripts/gpu-systemd-kit scripts/gpu-systemd-image scripts/gpu-systemd-net scripts/gpu-systemd-serve \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s packer-validate
 
@@ -149,10 +149,10 @@ evidence: setup ## rewrite docs/benchmarks.md and docs/charts/ from the records 
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
 	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
 
-gpu-systemd-root: ## .devsd/: Debian 12 systemd and nginx for the GPU machine, and the scripts that lay them over its root, boot and check it there
+gpu-systemd-root: ## .devsd/: Debian 12 systemd, nginx, OpenSSH and nftables for the GPU machine, and the scripts that lay them over its root, boot and check it there
 	scripts/gpu-systemd-root .devsd
 
-gpu-systemd-kit: setup ## .devimg/: GPU=<tier>'s render, the runtime, plugin and vllm-router wheels and model stand-ins, for its image under systemd on the GPU machine
+gpu-systemd-kit: setup ## .devimg/: GPU=<tier>'s render, firewall rules, the runtime, plugin, vllm-router and verify wheels and model stand-ins, for its image under systemd on the GPU machine
 	scripts/gpu-systemd-kit $(GPU) .devimg
 
 gpu-proof-help: ## how to run the GPU proof (inference-lab proof) on the GPU machine

@@ -25,6 +25,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--no-serving", action="store_true",
                 help="the stack does not run here (an image being built, a GPU tier without its "
                 "GPU): skip what needs it")
+    g.addoption("--stand-in-gpu", default=None, metavar="NAME",
+                help="this machine's GPU (NAME, as nvidia-smi names it) stands in for the profile's "
+                     "(the lab: an H200 serving the h100 tier); the gpu suite expects NAME")
     g.addoption("--api-host", default=None,
                 help="address the host is reached at from here (default: the SSH host, or the "
                      "container's address)")

@@ -36,11 +36,30 @@ def line_pattern(template: str) -> re.Pattern[str]:
 
 
 @pytest.fixture(scope="module")
-def hw(profile: dict[str, Any]) -> dict[str, Any]:
+def hw(profile: dict[str, Any], request: pytest.FixtureRequest,
+       record_testsuite_property: Any) -> dict[str, Any]:
     h = profile["profile"]["hardware"]
     if not h["gpu_count"]:
         pytest.skip(f"tier {profile['tier']} has no GPU")
+    stand_in = request.config.getoption("--stand-in-gpu")
+    if stand_in:
+        # said in the report: what was checked is the stand-in, not the tier's own GPU
+        record_testsuite_property("stand_in_gpu", f"{stand_in} for {h['gpu_model']}")
+        return dict(h, gpu_model=stand_in)
     return h
+
+
+@pytest.fixture(scope="module")
+def packaged_driver(root: Any, hw: dict[str, Any]) -> None:
+    """The driver as the image installs it: Debian's packages. A container whose driver is its
+    host's, its libraries and nvidia-smi bound in (NVIDIA's container toolkit's way), has none
+    of its own to check."""
+    if root.run("systemd-detect-virt --container").rc != 0:
+        return
+    packages = root.run("dpkg-query -W -f '${db:Status-Abbrev}${Package}\\n' 'nvidia-*' "
+                        "'libnvidia-*' 2>/dev/null | grep '^ii'")
+    if not packages.stdout.strip() and root.run("nvidia-smi -L").rc == 0:
+        pytest.skip("the driver is this container's host's, bound in: no packages of its own")
 
 
 @pytest.mark.serving  # needs the GPU itself: not there when a GPU tier is built without one
@@ -59,7 +78,8 @@ def test_driver_is_the_pinned_branch(root: Any, profile: dict[str, Any], hw: dic
     assert v and all(x.startswith(f"{branch}.") for x in v), f"driver {v}, pinned branch {branch}"
 
 
-def test_nvidia_packages_share_one_version(root: Any, hw: dict[str, Any]) -> None:
+def test_nvidia_packages_share_one_version(root: Any, hw: dict[str, Any],
+        packaged_driver: None) -> None:
     out = root.run("dpkg-query -W -f '${Package} ${Version}\\n' 'nvidia-*' 'libnvidia-*' 2>/dev/null")
     versions = {}
     for line in out.stdout.splitlines():
@@ -73,7 +93,8 @@ def test_nvidia_packages_share_one_version(root: Any, hw: dict[str, Any]) -> Non
     assert len(set(versions.values())) == 1, f"mixed versions: {versions}"
 
 
-def test_kernel_and_driver_held(root: Any, hw: dict[str, Any]) -> None:
+def test_kernel_and_driver_held(root: Any, hw: dict[str, Any],
+        packaged_driver: None) -> None:
     held = root.run("dpkg --get-selections | awk '$2 == \"hold\" {print $1}'").stdout.split()
     assert any("nvidia" in p for p in held), "no NVIDIA package is held"
     if root.run("systemd-detect-virt --container").rc == 0:
@@ -82,7 +103,8 @@ def test_kernel_and_driver_held(root: Any, hw: dict[str, Any]) -> None:
     assert any(kernel in p for p in held), f"the running kernel {kernel} is not held"
 
 
-def test_persistence_daemon_enabled(root: Any, hw: dict[str, Any]) -> None:
+def test_persistence_daemon_enabled(root: Any, hw: dict[str, Any],
+        packaged_driver: None) -> None:
     assert root.service("nvidia-persistenced").is_enabled
 
 

@@ -270,6 +270,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         cmd.append(f"--api-host={args.api_host}")
     if args.no_serving:
         cmd.append("--no-serving")
+    if args.stand_in_gpu:
+        cmd.append(f"--stand-in-gpu={args.stand_in_gpu}")
     if target.kind == "ssh" and target.user != "root":
         cmd.append("--sudo")
     cmd += [str(tests / f"test_{s}.py") for s in suites]
@@ -304,6 +306,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     vp.add_argument("--no-serving", action="store_true",
                     help="the stack does not run there (an image being built, a GPU tier "
                     "without its GPU)")
+    vp.add_argument("--stand-in-gpu", metavar="NAME",
+                    help="the machine's GPU stands in for the profile's (the lab: an H200 serving the "
+                    "h100 tier): the gpu suite expects NAME, as nvidia-smi names it, and the report says so")
     vp.add_argument("--junit", default="build/verify/junit.xml", help="JUnit XML report path")
     vp.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
     vp.set_defaults(func=cmd_verify)
