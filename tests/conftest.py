@@ -155,7 +155,7 @@ def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -
 ROOMS = {
     "machine": ("test_acme", "test_banner", "test_boundary", "test_checkpoint",
                 "test_checkpoint_units", "test_join", "test_multinode", "test_startup", "test_tls",
-                "test_unit_checkpoint", "test_hostile_round_two"),
+                "test_unit_checkpoint", "test_hostile_round_two", "test_version_info"),
     "ops": ("test_bench", "test_cause", "test_fleet", "test_operations", "test_soak",
             "test_verify", "test_readme_client", "test_gpu_suite"),
     "lab": ("test_ledger", "test_proof", "test_sandbox", "test_spy", "test_stacks",

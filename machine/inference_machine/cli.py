@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import __doc__ as USAGE
-from . import notify, rendered, unit_checkpoint
+from . import notify, rendered, unit_checkpoint, version_info
 from .anatomy import anatomy, journal_lines, ready, status
 from .banner import Machine, motd
 from .bounded_http import fetch
@@ -81,6 +81,13 @@ def _seal(args: argparse.Namespace) -> int:
         f"a bundle made {m.get('made', '?')} is installed already; kept" if m.get("already") else
         f"sealed {len(m['files'])} files, {m['bytes'] / 2**20:.0f} MiB of cache, for "
         + (f"{gpu} machines" if gpu != "none" else "machines without a GPU")))
+    return 0
+
+
+def _version_info(args: argparse.Namespace) -> int:
+    text = version_info.write(args.profile_json, args.file)
+    if text:
+        sys.stdout.write(text)
     return 0
 
 
@@ -256,6 +263,12 @@ def _bundle_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = sub.add_parser("prefetch", help="read what a start will read into the page cache (what "
                        "the build's inspection recorded, then MODEL_PATH and DRAFT_PATH)")
     p.set_defaults(handler=_prefetch)
+    p = sub.add_parser("version-info", help="what a snapshot of this machine holds, as JSON "
+                       "(kernel, driver, CUDA, vLLM, torch, router, models, profile hash): printed, "
+                       "or written to FILE (0644, atomically; sysprep's image.json)")
+    p.add_argument("profile_json", type=Path)
+    p.add_argument("file", type=Path, nargs="?")
+    p.set_defaults(handler=_version_info)
     p = sub.add_parser("inspect", help="inspect the models' architectures with the unit's vLLM, "
                        "as its start would, into vLLM's cache (the build, once)")
     _unit_file_args(p, args_file=True)
