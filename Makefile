@@ -50,12 +50,15 @@ test-more: criu molecule-gpu checkpoint-units ## CRIU's real dump and restore (b
 # ROOM=machine|build|ops|lab|plugin: one room's tests alone (tests/conftest.py says which file is whose)
 ROOM ?=
 unit: setup ## unit tests, nothing built first (ROOM=machine etc. for one room; exit code 5, no tests collected, fails too)
-	@rc=0; $(BIN)/pytest -q -n auto --dist loadfile -m "not hostile and not criu and not slow$(if $(ROOM), and $(ROOM))" tests || rc=$$?; \
+	@rc=0; $(BIN)/pytest -q -n auto --dist loadfile -m "not hostile and not criu and not slow and not serial$(if $(ROOM), and $(ROOM))" tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make unit: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-slow: setup ## the unit tests that run a whole start, trace or playbook end to end (a few minutes)
-	@rc=0; $(BIN)/pytest -q -m "slow and not hostile and not criu" tests || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make slow: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+slow: setup ## the unit tests that run a whole start, trace or playbook end to end, then those that measure CPU shares alone (a few minutes)
+	@rc=0; $(BIN)/pytest -q -n auto -m "slow and not hostile and not criu" tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make slow: pytest collected no tests" >&2; exit 1; fi; \
+	rc2=0; $(BIN)/pytest -q -m "serial" tests || rc2=$$?; \
+	if [ $$rc2 -eq 5 ]; then echo "make slow: pytest collected no serial tests" >&2; exit 1; fi; \
+	exit $$(( rc ? rc : rc2 ))
 
 criu: setup ## CRIU's real dump and restore of a process tree (builds CRIU from Debian's source first; root)
 	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q -m criu tests || rc=$$?; \

@@ -68,8 +68,8 @@ def sampled(tmp_path: Path, script: str, window_s: float) -> list[dict[str, Any]
     return stacks.load(folder)
 
 
-# shares of a sampled second: another test's load on the same cores moves them (serial, `make slow`)
-@pytest.mark.slow
+# shares of a sampled second: another test's load on the same cores moves them
+@pytest.mark.serial
 def test_the_sampler_finds_where_each_process_works_and_waits(tmp_path: Path) -> None:
     docs = sampled(tmp_path, CHILD, 1.5)
     assert len(docs) == 2, [d.get("title") for d in docs]  # the parent's and the forked child's
@@ -124,8 +124,8 @@ GIL_BOUND = textwrap.dedent("""
 """)
 
 
-# shares of a sampled second: another test's load on the same cores moves them (serial, `make slow`)
-@pytest.mark.slow
+# shares of a sampled second: another test's load on the same cores moves them
+@pytest.mark.serial
 def test_gil_bound_work_is_booked_where_it_runs_not_at_the_next_release(tmp_path: Path) -> None:
     # the engine core's loop: seconds of Python that holds the GIL, then a short call into C that
     # lets it go. A sampler thread only gets the GIL at that call and would book the Python there.
