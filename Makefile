@@ -54,7 +54,7 @@ unit: setup ## unit tests, nothing built first (ROOM=machine etc. for one room; 
 	if [ $$rc -eq 5 ]; then echo "make unit: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 slow: setup ## the unit tests that run a whole start, trace or playbook end to end, then those that measure CPU shares alone (a few minutes)
-	@rc=0; $(BIN)/pytest -q -n auto -m "slow and not hostile and not criu" tests || rc=$$?; \
+	@rc=0; $(BIN)/pytest -q -n auto --dist loadfile -m "slow and not hostile and not criu" tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make slow: pytest collected no tests" >&2; exit 1; fi; \
 	rc2=0; $(BIN)/pytest -q -m "serial" tests || rc2=$$?; \
 	if [ $$rc2 -eq 5 ]; then echo "make slow: pytest collected no serial tests" >&2; exit 1; fi; \
