@@ -13,11 +13,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pip
 import pytest
 from conftest import ROOT
 from test_unit_checkpoint import CHECKPOINTS, STANDIN, _resolved
@@ -38,12 +40,42 @@ def sh(*cmd: str, check: bool = True, timeout: float = 120) -> str:
     return proc.stdout
 
 
+def _runtime_wheel(tmp_path: Path) -> Path:
+    """The machine's runtime as the project_wheel role builds it: a wheel of a copy of machine/."""
+    src = tmp_path / "machine"
+    shutil.copytree(ROOT / "machine", src,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "--disable-pip-version-check",
+                    "-w", str(tmp_path / "wheel"), str(src)], check=True, timeout=120)
+    return next((tmp_path / "wheel").glob("inference_machine-*.whl"))
+
+
+def _install_runtime(wheel: Path) -> None:
+    """The wheel into a virtualenv of the container's python3, its programs linked where the units
+    name them, as the inference_service role does; the container has no python3-venv (the base
+    role installs it), so the venv has no pip and this host's pip runs from a copy."""
+    venv = PATHS["runtime_venv"]
+    subprocess.run(["podman", "cp", str(Path(pip.__file__).parent), f"{NAME}:/tmp/pip-src"],
+                   check=True)
+    subprocess.run(["podman", "cp", str(wheel), f"{NAME}:/tmp/{wheel.name}"], check=True)
+    sh("install", "-d", "/tmp/pip-path")
+    sh("mv", "/tmp/pip-src", "/tmp/pip-path/pip")
+    sh("python3", "-m", "venv", "--without-pip", venv)
+    sh("env", "PYTHONPATH=/tmp/pip-path", f"{venv}/bin/python", "-m", "pip", "install", "-q",
+       "--no-deps", "--no-index", "--disable-pip-version-check", f"/tmp/{wheel.name}")
+    for key in ("runner", "firstboot", "acme_run", "join", "startup"):
+        sh("ln", "-sfn", f"{venv}/bin/{Path(PATHS[key]).name}", PATHS[key])
+
+
 @pytest.fixture
 def machine(tmp_path: Path) -> Iterator[Path]:
-    """The container, booted, with the h100 render (serving.checkpoint on) installed as the roles
-    install it, vLLM's Python a stand-in behind the plugin's gate."""
+    """The container, booted, with the h100 render (serving.checkpoint on) and the machine's
+    runtime installed as the roles install them, vLLM's Python a stand-in behind the plugin's
+    gate."""
     rdir = tmp_path / "render"
     render(_resolved(**CHECKPOINTS), rdir)
+    wheel = _runtime_wheel(tmp_path)
     venv_python = Path(PATHS["vllm_venv"].lstrip("/")) / "bin" / "python"
     stage = tmp_path / "stage"
     (stage / venv_python.parent).mkdir(parents=True)
@@ -59,8 +91,7 @@ def machine(tmp_path: Path) -> Iterator[Path]:
     shutil.copy("/bin/true", stage / PATHS["criu"].lstrip("/"))  # there is no GPU to take one on
     archive = tmp_path / "files.tar"
     with tarfile.open(archive, "w") as tar:
-        for top in ("etc", "usr"):
-            tar.add(rdir / top, arcname=top)
+        tar.add(rdir / "etc", arcname="etc")
         for top in ("opt", "usr"):
             tar.add(stage / top, arcname=top)
     subprocess.run(["podman", "rm", "-f", NAME], capture_output=True, check=False)
@@ -73,6 +104,7 @@ def machine(tmp_path: Path) -> Iterator[Path]:
             time.sleep(0.5)
         subprocess.run(["podman", "cp", str(archive), f"{NAME}:/tmp/files.tar"], check=True)
         sh("tar", "-xf", "/tmp/files.tar", "-C", "/", "--no-same-owner")
+        _install_runtime(wheel)
         sh("useradd", "--system", "--home-dir", "/var/lib/inference-image/models",
            "--shell", "/usr/sbin/nologin", SERVICE_USER)
         sh("install", "-d", "-o", SERVICE_USER, "-g", SERVICE_USER, PATHS["cache"],
