@@ -148,3 +148,16 @@ def test_a_kernel_list_is_named_by_its_tier_alone(tier: str) -> None:
     with pytest.raises(ValueError, match="not a tier's name"):
         triton_kernels.list_path(tier)
     assert triton_kernels.list_path("h100").parent == triton_kernels.KERNELS
+
+
+@pytest.mark.parametrize("tier", sorted(p.stem for p in (PLUGIN / "inference_image_vllm/kernels")
+                                        .glob("*.json")))
+def test_every_shipped_list_loads_with_its_float_constants(tier: str) -> None:
+    """The lists the plugin ships are what the build's precompile reads: each loads, its kernels
+    named, and a float constexpr Triton specialised on (a mask's -inf) is the float it was."""
+    doc = triton_kernels.load(tier)
+    assert doc is not None and doc["tier"] == tier and doc["kernels"], tier
+    assert all(k["module"] and k["name"] for k in doc["kernels"])
+    text = (PLUGIN / f"inference_image_vllm/kernels/{tier}.json").read_text()
+    if "-Infinity" in text:
+        assert any(float("-inf") in k["spec"].get("constant_vals", []) for k in doc["kernels"])
