@@ -481,6 +481,15 @@ def test_the_routers_policy_is_cache_aware_only_where_it_has_a_choice(tier, sets
         assert argv[argv.index("--policy") + 1] == want, argv
 
 
+@pytest.mark.parametrize("fleet", [False, True])
+def test_the_router_asks_a_starting_instance_every_second(fleet: bool) -> None:
+    """vllm-router serves nothing until a worker it was started with answers /health, and asks
+    every --worker-startup-check-interval seconds (30 by default): the public port opens within
+    about a second of the instance, not up to half a minute after it."""
+    argv = render_mod.router_argv(resolve("h100", ROOT / "profiles"), fleet=fleet)
+    assert argv[argv.index("--worker-startup-check-interval") + 1] == "1", argv
+
+
 def test_graph_sizes_past_the_decode_steps_are_spaced_by_the_prefill_step() -> None:
     def sizes(*sets: str) -> list[int] | None:
         argv = h100_argv(*sets)
