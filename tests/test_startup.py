@@ -298,6 +298,16 @@ def test_a_starts_phases_come_from_its_journal_in_the_order_it_passes_them() -> 
                                                      ["engine_process", 19.5]]
 
 
+def test_a_ready_measured_before_the_last_log_line_was_read_keeps_its_phases() -> None:
+    """The lab reads a start's log on its own clock: under load the server's last line can be
+    stamped after the ready it had already measured. The health and first-answer phases stay,
+    at no time, and the start still adds up to its answer."""
+    a = startup.anatomy(startup.journal_lines(JOURNAL, 100.0), ready_s=60.99, answered_s=61.0)
+    names = [n for n, _ in a["phases"]]
+    assert names[-3:] == ["api_startup", "health", "first_answer"], names
+    assert a["phases"][-2:] == [["health", 0.0], ["first_answer", 0.0]]
+
+
 def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_digest() -> None:
     # h100x8 sets none of them: its digest is the one its records were made with
     before = resolve("h100x8").digest

@@ -90,6 +90,10 @@ def anatomy(lines: Iterable[tuple[float, str]], ready_s: float | None = None,
         if name in moments and moments[name] >= prev:
             phases.append([PHASES[name], round(moments[name] - prev, 2)])
             prev = moments[name]
+        elif name in ("ready", "answered") and name in moments:
+            # measured by the caller, not read from the log: a log line stamped by a reader that
+            # lagged behind it still leaves the phase, at no time
+            phases.append([PHASES[name], 0.0])
     return {"moments": moments, "phases": phases, "reported": reported, "said": said}
 
 
