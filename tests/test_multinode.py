@@ -126,7 +126,10 @@ def run(root: Path, tmp: Path, fleet: object | None, argv: list[str],
     for b in ("ip", "nft"):
         (bin_dir / b).chmod(0o755)
     return subprocess.run([*runtime(Path(argv[0]).name), *argv[1:]], capture_output=True,
-                          text=True, env={"INFERENCE_ROOT": str(root), **env,
+                          text=True, env={"INFERENCE_ROOT": str(root),
+                                          # the unit's TMPDIR is under the image's cache, which a
+                                          # start makes: here under root, not on this host
+                                          "TMPDIR": str(root / "cache/tmp"), **env,
                                           "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin"})
 
 

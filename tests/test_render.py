@@ -167,8 +167,9 @@ def test_fp8_checkpoint_tier_downloads_the_fp8_repo_and_sets_no_quantization_fla
 
 
 def run_unit(root: Path, unit: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # TMPDIR: the unit's is under the image's cache, which a start makes; here it is under root
     full = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(root), "INFERENCE_DRY_RUN": "1",
-            **env}
+            "TMPDIR": str(root / "cache/tmp"), **env}
     return subprocess.run([*runtime("inference-run"), unit], env=full,
                           capture_output=True, text=True)
 
@@ -449,8 +450,12 @@ def test_a_notify_unit_is_ready_when_its_health_answers_not_when_it_starts(tmp_p
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify"))
     sock.settimeout(30)
+    # the unit's cache and TMPDIR are the image's paths: the start gets its own here, so the test
+    # writes nothing on this host outside tmp_path
+    (tmp_path / "cache").mkdir()
     env = {"PATH": os.environ["PATH"], "INFERENCE_ROOT": str(tmp_path),
-           "INFERENCE_PYTHON": sys.executable, "NOTIFY_SOCKET": str(tmp_path / "notify")}
+           "INFERENCE_PYTHON": sys.executable, "NOTIFY_SOCKET": str(tmp_path / "notify"),
+           "INFERENCE_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path / "cache/tmp")}
     t0 = time.monotonic()
     proc = subprocess.Popen([*runtime("inference-run"), "vllm-0"],
                             env=env, start_new_session=True)
