@@ -67,9 +67,8 @@ LIMITS = {"start_timeout_s": 1800, "nofile": 1048576, "node_exporter_port": NODE
           # a fleet's inference-join timer: how long a worker whose instances are up may wait
           # for its first traffic (the fleet target: 30 s), at one short run per period
           "join_every_s": 15,
-          # how often vllm-router asks a starting instance's /health: its default, 30 s, kept the
-          # public port closed up to 30 s after the instance was ready at each boot
-          # (docs/benchmarks.md#2026-12-04-gpu-systemd-verify)
+          # how often vllm-router asks a starting instance's /health, so the public port opens
+          # with it (docs/benchmarks.md#2026-12-04-gpu-systemd-verify)
           "router_startup_check_s": 1,
           # a fleet worker's instance, stopped: how long it waits for what it serves to finish
           # once the router has stopped sending it requests (its unit's ExecStop), before vLLM's
