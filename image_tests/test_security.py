@@ -235,23 +235,36 @@ def _units(profile: dict[str, Any]) -> list[str]:
     return [f"vllm@{i['name']}.service" for i in profile["instances"]] + ["vllm-router.service"]
 
 
+def _checkpoints(profile: dict[str, Any]) -> bool:
+    """serving.checkpoint: its take and restore need vLLM's dev routes (sleep, wake, collective_rpc),
+    which the plugin's gate answers 403 to every request without the start's token."""
+    return bool(profile["profile"]["serving"].get("checkpoint"))
+
+
 def test_no_unit_sets_dev_mode(root: Any, profile: dict[str, Any]) -> None:
     units_dir = profile["paths"]["units"]
-    assert root.run(f"grep -rl VLLM_SERVER_DEV_MODE {units_dir}").stdout.strip() == "", \
-        f"a unit file in {units_dir} sets VLLM_SERVER_DEV_MODE"
+    setters = root.run(f"grep -rl VLLM_SERVER_DEV_MODE {units_dir}").stdout.split()
+    if not _checkpoints(profile):
+        assert setters == [], f"a unit file in {units_dir} sets VLLM_SERVER_DEV_MODE"
+    for env in setters:  # only behind the gate
+        args = root.run(f"cat {env.removesuffix('.env')}.args").stdout.splitlines()
+        assert env.endswith(".env") and "inference_image_vllm.gate.Gate" in args, \
+            f"{env} sets VLLM_SERVER_DEV_MODE without the checkpoint's gate in its args"
 
 
 @pytest.mark.serving
 def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
+    gated = _checkpoints(profile)
     for unit in _units(profile):
         pid, _ = _main_pid(root, unit)
         env = root.run(f"tr '\\0' '\\n' < /proc/{pid}/environ")
         # Without CAP_SYS_PTRACE (a container) root cannot read another user's environment.
-        if env.rc == 0:
+        if env.rc == 0 and not gated:
             assert "VLLM_SERVER_DEV_MODE=1" not in env.stdout, f"{unit} runs with VLLM_SERVER_DEV_MODE=1"
-    # Dev-mode routes exist only with VLLM_SERVER_DEV_MODE=1.
+    # Dev-mode routes exist only with VLLM_SERVER_DEV_MODE=1, and then behind the gate.
     inst = profile["instances"][0]
-    assert http(root, inst["port"], "/reset_prefix_cache", method="POST").status == 404
+    assert http(root, inst["port"], "/reset_prefix_cache", method="POST").status == (
+        403 if gated else 404)
 
 
 @pytest.mark.serving
