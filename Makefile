@@ -20,7 +20,7 @@ help: ## this list
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
 	curl iproute2 prometheus criu openssl \
-	xz-utils pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev \
+	xz-utils patch pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev \
 	libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
 
 deps: ## apt-get install the system packages every target needs (root)

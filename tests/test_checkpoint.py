@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -350,16 +351,22 @@ def _get(port: int) -> str:
 
 
 @pytest.mark.criu
+@pytest.mark.parametrize("uid", [0, 65534], ids=["root", "another-user"])
 def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uid: int) -> None:
     """With a CRIU that runs here: a tree whose output is a connected stream socket (systemd's
     journal, where a unit's instance writes) is dumped while it runs, killed, and restored with
     its memory, its loopback connection and its pids; its output then goes to the restorer's
     socket. A checkpoint whose image CRIU cannot finish (a truncated page image, which keeps its
-    restore spinning) is refused once its time is up, and nothing it restored is left running."""
+    restore spinning) is refused once its time is up, and nothing it restored is left running.
+    The tree of another user too (an instance's, under systemd), also where root lacks
+    CAP_SYS_RESOURCE, as here (scripts/build-criu's patch: its limits from /proc)."""
     import socket
 
     criu = _working_criu()
+    if uid:  # its script where that user may read it
+        tmp_path = Path(tempfile.mkdtemp(dir="/tmp"))
+        tmp_path.chmod(0o755)
     # the worker, orphaned when its API process is killed, is this process's to reap (as an
     # instance's tree is its unit's): its pid is free for the restore only once reaped
     libc = ctypes.CDLL(None, use_errno=True)
@@ -367,8 +374,11 @@ def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
     script, port = tmp_path / "tree.py", 18931
     script.write_text(TREE)
     journal, ours = socket.socketpair()  # the journal's end and the tree's
-    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=ours, stderr=ours,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    # another user's tree runs the system's Python: this one may sit in root's home
+    python = "/usr/bin/python3" if uid else sys.executable
+    proc = subprocess.Popen([python, str(script), str(port)], stdout=ours, stderr=ours,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            **({"user": uid, "group": uid, "extra_groups": []} if uid else {}))
     ours.close()
     dest = tmp_path / "vllm-0"
     (dest / checkpoint.IMAGES).mkdir(parents=True)
@@ -391,6 +401,7 @@ def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
         with theirs:
             pid = checkpoint.restore_tree(dest, manifest, criu, stdout=theirs.fileno())
         assert pid == pids[0] and tree(pid) == pids
+        assert os.stat(f"/proc/{pid}").st_uid == uid
         assert _get(port) == f"api={pids[0]} worker={pids[1]}:2"  # its count, from before the kill
         journal2.settimeout(10)
         assert journal2.recv(64).startswith(f"api={pids[0]}".encode())
@@ -412,6 +423,8 @@ def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
         proc.kill()
         _reap(pids)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        if uid:
+            shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _reap(pids: list[int]) -> None:

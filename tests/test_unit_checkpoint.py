@@ -127,27 +127,6 @@ def test_a_take_that_stops_its_instance_is_not_tried_again_under_the_same_key(
         second.kill()
 
 
-def test_a_take_is_not_tried_where_criu_could_not_read_another_user_s_limits(
-        tmp_path: Path) -> None:
-    """CRIU reads each process's limits, which the kernel allows for another user's process only
-    with CAP_SYS_RESOURCE: without it (a container's root), the helper says so before a take
-    would have slept the instance; with it, or for a process of its own user, nothing is said."""
-    status = tmp_path / "status"
-    sys_resource = 1 << unit_checkpoint.CAP_SYS_RESOURCE
-    status.write_text(f"Name:\tx\nCapEff:\t{0x1fffeffffff & ~sys_resource:016x}\n")
-    assert unit_checkpoint.cannot_dump(os.getpid(), status) == ""  # its own user's
-    if os.geteuid() != 0:
-        pytest.skip("another user's process needs root to start")
-    other = subprocess.Popen(["sleep", "30"], user=65534, group=65534)
-    try:
-        assert "lacks CAP_SYS_RESOURCE" in unit_checkpoint.cannot_dump(other.pid, status)
-        status.write_text(f"CapEff:\t{0x1fffeffffff | sys_resource:016x}\n")
-        assert unit_checkpoint.cannot_dump(other.pid, status) == ""
-    finally:
-        other.kill()
-        other.wait()
-
-
 def test_the_render_of_a_tier_that_checkpoints_has_its_helper_gate_and_kernel_setting(
         tmp_path: Path) -> None:
     r = _resolved(**CHECKPOINTS)

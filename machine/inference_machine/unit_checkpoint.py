@@ -83,28 +83,6 @@ def usable_criu(criu_bin: str) -> str:
     return path
 
 
-CAP_SYS_RESOURCE = 24
-
-
-def capable(cap: int, status: Path = Path("/proc/self/status")) -> bool:
-    """Whether this process has capability `cap` in its effective set (CapEff)."""
-    for line in status.read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> cap & 1)
-    return False
-
-
-def cannot_dump(pid: int, status: Path = Path("/proc/self/status")) -> str:
-    """Why CRIU, run from here, cannot write the instance's tree (empty if it can): CRIU reads
-    every process's limits, which the kernel (prlimit(2)) allows a process of another user only
-    with CAP_SYS_RESOURCE, and a container's root, or a machine's whose bounding set lacks it,
-    has none. CRIU would refuse after the instance had slept and been checkpointed by CUDA."""
-    if os.stat(f"/proc/{pid}").st_uid == os.getuid() or capable(CAP_SYS_RESOURCE, status):
-        return ""
-    return ("root here lacks CAP_SYS_RESOURCE (its capability bounding set), without which CRIU "
-            "cannot read the limits of the instance's processes, which run as another user")
-
-
 def say(instance: str, text: str) -> None:
     print(printable(f"inference-checkpoint: {instance}: {text}"), file=sys.stderr, flush=True)
 
@@ -297,9 +275,6 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         if failed := take_failed(store, instance, key):
             say(instance, f"serves without a checkpoint: a take under this key stopped the "
                 f"instance before ({failed[:300]})")
-            return 0
-        if why := cannot_dump(pid):  # before the take would sleep the instance
-            say(instance, f"serves without a checkpoint: {why}")
             return 0
         t = Timings()
         try:
