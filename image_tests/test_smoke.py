@@ -288,8 +288,8 @@ def test_the_machine_s_programs_are_its_runtime_s_wheel(root: Any, profile: dict
     assert r.rc == 0, r.stderr
     fields = dict(ln.split(": ", 1) for ln in r.stdout.splitlines() if ": " in ln)
     assert fields.get("Name") == "inference-machine" and fields.get("Version"), r.stdout
-    for key in ("runner", "join", "firstboot", "acme_run", "startup"):
-        link = root.file(paths[key])
+    for program in profile["runtime_programs"]:
+        link = root.file(program)
         assert link.is_symlink and link.linked_to == \
-            f"{paths['runtime_venv']}/bin/{paths[key].rsplit('/', 1)[1]}", paths[key]
+            f"{paths['runtime_venv']}/bin/{program.rsplit('/', 1)[1]}", program
     assert not root.file("/usr/local/lib/inference-image").exists

@@ -50,8 +50,7 @@ PATHS = {
     # inspection at build (inference_machine.cli)
     "startup": "/usr/local/sbin/inference-startup",
     # the machine's runtime (this package, machine/ in the source tree): a virtualenv of the
-    # system's Python whose console scripts the paths above (runner, firstboot, acme_run, join,
-    # startup) link to
+    # system's Python whose console scripts RUNTIME_PROGRAMS (below) name, linked at their paths
     "runtime_venv": "/opt/inference-machine",
     # an instance written to disk once it served, restored instead of started again
     # (inference_machine.checkpoint, root only): one folder per instance
@@ -62,6 +61,9 @@ PATHS = {
     # CRIU, built from Debian's source of the pinned release (scripts/build-criu)
     "criu": "/usr/local/sbin/criu",
 }
+# the machine's runtime's programs: console scripts in PATHS["runtime_venv"]/bin, each linked at
+# its path here (the inference_service role links them; the smoke suite checks the links)
+RUNTIME_PROGRAMS = ("runner", "firstboot", "acme_run", "join", "startup")
 # a fleet worker's instance that is leaving its router (a file named by its port, from its
 # ExecStop until its next start): the join timer must not add it back while it drains. Beside the
 # caches because the service user writes it.

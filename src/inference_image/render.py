@@ -17,7 +17,13 @@ import jinja2
 import yaml
 
 from inference_image_vllm import switches  # the plugin's own names for what turns it on
-from inference_machine.layout import FIREWALL_TABLE, FLEET_ROUTER_UNIT, NODE_UNIT_SUFFIX, PATHS
+from inference_machine.layout import (
+    FIREWALL_TABLE,
+    FLEET_ROUTER_UNIT,
+    NODE_UNIT_SUFFIX,
+    PATHS,
+    RUNTIME_PROGRAMS,
+)
 
 from .profiles import (
     DCGM_EXPORTER_PORT,
@@ -436,6 +442,7 @@ def profile_document(r: Resolved) -> dict[str, Any]:
                    "scrape": [t["name"] for t in scrape_targets(r)]},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
+        "runtime_programs": [PATHS[k] for k in RUNTIME_PROGRAMS],
         "machine_files": machine_files(),
         "service_user": SERVICE_USER,
         "router_user": ROUTER_USER,
@@ -458,6 +465,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_service_user": SERVICE_USER,
         "inference_service_router_user": ROUTER_USER,
         "inference_paths": PATHS,
+        "inference_runtime_programs": [PATHS[k] for k in RUNTIME_PROGRAMS],
         "nvidia_driver_enabled": r.is_gpu,
         "nvidia_driver_branch": v.driver_branch or "",
         "nvidia_driver_fabric_manager": p.hardware.nvswitch,
