@@ -36,6 +36,8 @@ from .profiles import (
 )
 
 MARKER = ".inference-image-render"
+# where the runtime's programs are linked (profile.json and the inference_service role read it)
+RUNTIME_PROGRAM_PATHS = [PATHS[k] for k in RUNTIME_PROGRAMS]
 
 # What first boot makes on each machine (and the ACME account, certificate and request that
 # belong to one machine's domain, and the fleet role its user-data gave it), and sysprep removes
@@ -442,7 +444,7 @@ def profile_document(r: Resolved) -> dict[str, Any]:
                    "scrape": [t["name"] for t in scrape_targets(r)]},
         "derived": {"fa3_available": r.fa3_available, "fp8_available": r.fp8_available},
         "paths": PATHS,
-        "runtime_programs": [PATHS[k] for k in RUNTIME_PROGRAMS],
+        "runtime_programs": RUNTIME_PROGRAM_PATHS,
         "machine_files": machine_files(),
         "service_user": SERVICE_USER,
         "router_user": ROUTER_USER,
@@ -465,7 +467,7 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_service_user": SERVICE_USER,
         "inference_service_router_user": ROUTER_USER,
         "inference_paths": PATHS,
-        "inference_runtime_programs": [PATHS[k] for k in RUNTIME_PROGRAMS],
+        "inference_runtime_programs": RUNTIME_PROGRAM_PATHS,
         "nvidia_driver_enabled": r.is_gpu,
         "nvidia_driver_branch": v.driver_branch or "",
         "nvidia_driver_fabric_manager": p.hardware.nvswitch,
