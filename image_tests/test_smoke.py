@@ -85,8 +85,9 @@ def test_sampled_requests_answer_and_leave_the_instances_up(
         sampling: dict[str, float]) -> None:
     """vLLM 0.26 filters top-p and top-k with FlashInfer on NVIDIA GPUs unless told not to, and
     FlashInfer builds that kernel with nvcc, which no image has: the engine did not start on the
-    GPU machine, its own warm-up of that sampler failing (docs/benchmarks.md#run-50). Here every
-    kind of request is answered and every instance still serves after it."""
+    GPU machine, its own warm-up of that sampler failing
+    (docs/decisions.md#no-cuda-compiler-in-the-image-vllms-own-top-p-sampler-and-proof-servers-that-see-no-nvcc).
+    Here every kind of request is answered and every instance still serves after it."""
     body = {"model": profile["served_model_name"], "max_tokens": 16, **sampling,
             "messages": [{"role": "user", "content": "Name a prime number."}]}
     r = http(root, public, "/v1/chat/completions", key=api_key, method="POST", body=body)
@@ -182,7 +183,7 @@ def test_the_build_inspected_the_models_so_no_start_does(root: Any, profile: dic
 def test_what_a_start_imports_has_its_bytecode(root: Any, profile: dict[str, Any]) -> None:
     """pip writes each module's bytecode when the build installs vLLM: the build's record of what
     a start reads names the cached bytecode of every module in the vLLM venv, never a bare source
-    a start would compile again each time (docs/benchmarks.md#run-64)."""
+    a start would compile again each time (docs/decisions.md#ready-time)."""
     doc = json.loads(root.file(f"{profile['paths']['cache']}/start-reads.json").content_string)
     venv = profile["paths"]["vllm_venv"].rstrip("/")
     ours = [p for p in doc["modules"] if p.startswith(venv + "/")]

@@ -39,8 +39,8 @@ def test_the_root_cause_beats_the_summary_after_it() -> None:
     assert failure_cause(GPU).startswith("ValueError: No available memory for the cache blocks")
 
 
-# vLLM 0.26.0 on an H100 with an EAGLE-3 head and a per-batch-size draft schedule (docs/benchmarks.md#run-18):
-# the
+# vLLM 0.26.0 on an H100 with an EAGLE-3 head and a per-batch-size draft schedule
+# (docs/decisions.md#no-per-batch-size-draft-length): the
 # error names no resource, and multiprocessing prints it again without vLLM's level after the
 # engine's own line; then the API server's summary, whose frames are indented.
 A = "(APIServer pid=672) "

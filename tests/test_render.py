@@ -274,7 +274,7 @@ def test_triton_decode_attention_reaches_the_unit_environment(tmp_path):
 
 
 def test_triton_verify_reaches_the_unit_environment_beside_its_token_limit(tmp_path):
-    # the h100 profile sets it (docs/benchmarks.md#run-38)
+    # the h100 profile sets it (docs/decisions.md, "The plugin's own kernels at concurrency 1")
     render(resolve("h100", ROOT / "profiles"), tmp_path)
     env = (tmp_path / "etc/inference-image/units/vllm-0.env").read_text()
     assert "INFERENCE_IMAGE_TRITON_DECODE_TOKENS=8\n" in env
@@ -325,7 +325,8 @@ def test_whole_step_graphs_join_the_capture_size_in_one_compilation_config():
     # vLLM's default mode renders nothing new: the line every tier rendered before the field
     assert compilation("serving.cudagraph_mode=full_and_piecewise") == {
         "max_cudagraph_capture_size": 2048}
-    # the h100 profile's own (docs/benchmarks.md#run-38)
+    # the h100 profile's own
+    # (docs/decisions.md#whole-step-graphs-with-decode-graphs-of-their-own-servingcudagraph_mode-h100)
     assert compilation() == {"max_cudagraph_capture_size": 2048,
                              "cudagraph_mode": "FULL"}
     assert compilation("serving.cudagraph_mode=full") == {
@@ -368,9 +369,9 @@ def test_draft_schedule_reaches_the_unit_environment_where_a_draft_has_other_hea
 
 def test_an_nvswitch_tier_turns_nvlink_multicast_off_in_nccl_and_torch_and_vllm(tmp_path):
     """Every instance of a tier on NVSwitch serves the all-reduces measured
-    (docs/benchmarks.md#run-42 to #run-47): NCCL without NVLS, and vLLM's own rather than torch's
-    symmetric memory (which vLLM 0.26 takes by default
-    where multicast works); a tier of one GPU has no all-reduce to set."""
+    (docs/decisions.md#nvlink-multicast-off-where-gpus-share-an-nvswitch): NCCL without NVLS, and
+    vLLM's own rather than torch's symmetric memory (which vLLM 0.26 takes by default where
+    multicast works); a tier of one GPU has no all-reduce to set."""
     off = ("NCCL_NVLS_ENABLE=0\n", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1\n",
            "VLLM_ALLREDUCE_USE_SYMM_MEM=0\n")
     r = resolve("h100x8", ROOT / "profiles")

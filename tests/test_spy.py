@@ -1,6 +1,6 @@
 """`inference-lab spy`: the engine core's main thread in py-spy's raw samples of one start
 (src/inference_lab/spy.py), on lines of the form py-spy 0.4 writes with --subprocesses --threads
-(docs/benchmarks.md#run-66's samples)."""
+(the samples of docs/decisions.md#ready-time's evidence)."""
 
 from __future__ import annotations
 

@@ -122,8 +122,8 @@ def test_fa3_is_attention_and_a_cut_name_keeps_its_whole_text() -> None:
 
 
 def test_prompt_steps_list_the_steps_around_a_prompt_read_beside_decoding_streams() -> None:
-    """A first token sent while other streams decode (docs/benchmarks.md#run-31's h200 c=2 gap): the trace
-    lists the
+    """A first token sent while other streams decode
+    (docs/decisions.md#the-first-token-before-the-next-steps-launch-h100): the trace lists the
     steps around the one that reads the prompt, each with its GPU span, the GPU idle before it and
     the host's time launching it, so the ms between send and first token can be placed."""
     def step(name: str, ts: float, dur: float, cat: str = "gpu_user_annotation") -> dict:
@@ -154,7 +154,7 @@ def test_prompt_steps_list_the_steps_around_a_prompt_read_beside_decoding_stream
 
 
 def test_prompt_passes_say_whether_the_gpu_waits_on_the_host() -> None:
-    """docs/benchmarks.md#run-36: a prefix-cache hit left the h100 image a 336-token pass whose FP8 GEMMs
+    """A prefix-cache hit left the h100 image a 336-token pass whose FP8 GEMMs
     finished
     before the host had issued the next layer; a fresh 1024-token pass kept the GPU busier than
     the host. Each probe's pass: its GPU span, the busy time inside that span only, the host's

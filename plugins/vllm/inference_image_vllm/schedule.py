@@ -8,8 +8,9 @@ FA3 checks the schedule against the call's own heads and splits, and where that 
 split its keys otherwise than the target's, the draft's forward raises "scheduler_metadata must
 have shape (metadata_size)" and the engine dies: the h100x8 tier's instance with EAGLE-3 at
 TP=2 died at its first chat prompt alone, and a probe of prompt lengths found such lengths at
-TP=2 and none at TP=1 (docs/benchmarks.md#run-43). A step replayed from a CUDA graph does
-not check: it hands the head's call the schedule computed for the target's heads.
+TP=2 and none at TP=1 (docs/decisions.md#a-draft-of-other-heads-gets-fa3s-schedule-of-its-own).
+A step replayed from a CUDA graph does not check: it hands the head's call the schedule computed
+for the target's heads.
 
 This stamps each metadata with the heads its schedule was computed for, and a FlashAttention layer
 of another shape runs without it: FA3 then schedules that call itself, as it does everywhere vLLM
