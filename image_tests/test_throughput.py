@@ -42,11 +42,15 @@ def measured(root: Any, profile: dict[str, Any], api_key: HostKey, public: Publi
         root.run(f"rm -rf {out_dir}")
     row = row_from_result(result, sc.name, c, "image")
     row["targets"] = t
+    # what the failed requests got (vLLM's detailed result keeps each request's error)
+    row["errors"] = sorted({str(e)[:300] for e in result.get("errors") or [] if e})[:3]
     return row
 
 
 def test_no_failed_requests(measured: dict[str, Any]) -> None:
-    assert measured["failed"] == 0 and measured["completed"] > 0, measured
+    assert measured["failed"] == 0 and measured["completed"] > 0, (
+        f"{measured['failed']} of {measured['failed'] + measured['completed']} requests failed "
+        f"at c={measured['concurrency']}: {measured['errors'] or 'no error recorded'}")
 
 
 def test_output_throughput(measured: dict[str, Any], record_property: Any) -> None:
