@@ -12,6 +12,7 @@ process locks and checkpoints the child through the driver (the runtime's own ca
 child's NVIDIA device files then, restores and unlocks it, and the child checks its memory came
 back. Scenarios:
 
+- `plain`: the parent did nothing of the GPU's (the baseline);
 - `nvml-kept`: the parent initialised NVML and kept it;
 - `nvml-shutdown`: the parent initialised NVML and shut it down again;
 - `vllm-platform`: the parent asked vLLM's platform for the GPU's capability and name (what the
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("nvml-kept", "nvml-shutdown", "vllm-platform", "vllm-api", "nvml-kept-closed",
+SCENARIOS = ("plain", "nvml-kept", "nvml-shutdown", "vllm-platform", "vllm-api", "nvml-kept-closed",
              "vllm-api-closed")
 WAIT_S = 240.0
 
