@@ -24,7 +24,7 @@ import pytest
 from conftest import ROOT
 from test_unit_checkpoint import CHECKPOINTS, STANDIN, _resolved
 
-from inference_image.render import PATHS, RUNTIME_PROGRAMS, SERVICE_USER, render
+from inference_image.render import PATHS, RUNTIME_PROGRAM_PATHS, SERVICE_USER, render
 
 IMAGE = os.environ.get("INFERENCE_SYSTEMD_IMAGE", "")
 pytestmark = pytest.mark.skipif(not IMAGE or not shutil.which("podman"),
@@ -64,8 +64,8 @@ def _install_runtime(wheel: Path) -> None:
     sh("python3", "-m", "venv", "--without-pip", venv)
     sh("env", "PYTHONPATH=/tmp/pip-path", f"{venv}/bin/python", "-m", "pip", "install", "-q",
        "--no-deps", "--no-index", "--disable-pip-version-check", f"/tmp/{wheel.name}")
-    for key in RUNTIME_PROGRAMS:
-        sh("ln", "-sfn", f"{venv}/bin/{Path(PATHS[key]).name}", PATHS[key])
+    for program in RUNTIME_PROGRAM_PATHS:
+        sh("ln", "-sfn", f"{venv}/bin/{Path(program).name}", program)
 
 
 @pytest.fixture
