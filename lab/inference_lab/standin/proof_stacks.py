@@ -15,7 +15,8 @@ thread between two bytecodes, adds the time since its last run to the main threa
 stands (and to every other thread's, as they stand at that moment). A thread watching from the side
 would be no good here: it needs the GIL to look, so it sees the engine's thread only where that
 thread lets go of the GIL, and the Python work before (scheduling, all GIL-bound) would be
-booked to the next call into C (the first version did that: 20 % of a step on one CUDA copy).
+booked to the next call into C (the first version did that, booking a step's scheduling to one
+CUDA copy).
 Time the main thread spends blocked in C (a CUDA sync, a lock) is booked to the line that called
 it: the handler runs when the call returns. `<pid>.json` is rewritten every DUMP_EVERY_S while it
 samples and once the flag is gone, with the garbage collector's pauses and each thread's CPU time
