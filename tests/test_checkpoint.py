@@ -427,6 +427,94 @@ def test_criu_writes_and_restores_a_tree_whose_output_is_the_journal(
             shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+# a unit's start as systemd sandboxes it, for what CRIU meets there: its own UTS and IPC
+# namespaces (ProtectHostname, PrivateIPC) and a mount namespace whose /proc/sys is read-only
+# (ProtectKernelTunables); its stdin opened in there, as systemd opens a unit's
+SANDBOXED = ("unshare", "--uts", "--ipc", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && '
+             'exec "$@" < /dev/null',
+             "start")
+
+
+def _ns(pid: int, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
+@pytest.mark.criu
+def test_a_sandboxed_start_is_restored_into_the_namespaces_of_the_next_start(
+        tmp_path: Path) -> None:
+    """With a CRIU that runs here: a tree in a start's namespaces, as a unit's sandbox makes
+    them, written from inside them (`Criu.in_start`) and restored from inside the next start's,
+    joins that start's namespaces. Written from its mount namespace alone (the helper's first
+    way), the restore has to make the UTS namespace again through the read-only /proc/sys and
+    fails, as it did on the GPU machine under systemd."""
+    import socket
+
+    criu = _working_criu()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    script, port = tmp_path / "tree.py", 18932
+    script.write_text(TREE)
+    journal, ours = socket.socketpair()
+    proc = subprocess.Popen([*SANDBOXED, sys.executable, str(script), str(port)], stdout=ours,
+                            stderr=ours, stdin=subprocess.DEVNULL, start_new_session=True)
+    ours.close()
+    starts: list[subprocess.Popen[bytes]] = []
+    pids: list[int] = []
+    restored = 0
+    try:
+        journal.settimeout(30)
+        assert journal.recv(64).startswith(b"serving")
+        pids = tree(proc.pid)
+        assert _ns(proc.pid, "uts") != _ns(os.getpid(), "uts")
+        images: dict[str, Path] = {}
+        for way, criu_run in (("mount", checkpoint.Criu(criu, ("nsenter", "-t", str(proc.pid),
+                                                                "-m", "--"))),
+                              ("start", checkpoint.Criu.in_start(criu, proc.pid))):
+            images[way] = tmp_path / way
+            (images[way] / checkpoint.IMAGES).mkdir(parents=True)
+            checkpoint.dump(proc.pid, images[way] / checkpoint.IMAGES, criu_run, mib=64)
+        manifest = {"stdio": checkpoint.stdio(proc.pid), "bytes": 0}
+        assert checkpoint.kill_tree(proc.pid, wait_s=10) == []
+        proc.wait(timeout=10)
+        _reap(pids)
+
+        # the next start of the unit: its main process waits in namespaces of its own
+        nxt = subprocess.Popen([*SANDBOXED, "sleep", "300"], start_new_session=True)
+        starts.append(nxt)
+        deadline = time.monotonic() + 10
+        while _ns(nxt.pid, "uts") == _ns(os.getpid(), "uts") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the next start's journal stream, which the restored tree writes to
+        journal2, theirs = socket.socketpair()
+        with theirs:
+            with pytest.raises(CheckpointRefused, match="kernel/hostname"):
+                checkpoint.restore_tree(images["mount"], manifest, checkpoint.Criu(
+                    criu, ("nsenter", "-t", str(nxt.pid), "-m", "--")), stdout=theirs.fileno())
+            _reap(pids)  # what CRIU had restored, killed: this process's to reap
+            assert not [p for p in pids if checkpoint.alive(p)]
+            restored = checkpoint.restore_tree(images["start"], manifest,
+                                               checkpoint.Criu.in_start(criu, nxt.pid),
+                                               stdout=theirs.fileno())
+        assert restored == pids[0] and tree(restored) == pids
+        for kind in ("mnt", "uts", "ipc", "net"):
+            assert _ns(restored, kind) == _ns(nxt.pid, kind), kind
+        assert _get(port) == f"api={pids[0]} worker={pids[1]}:1"
+        journal2.settimeout(10)
+        assert journal2.recv(64).startswith(f"api={pids[0]}".encode())
+        assert checkpoint.kill_tree(restored, wait_s=10) == []
+        _reap(pids)
+    finally:
+        for p in pids:
+            with contextlib.suppress(OSError):
+                os.kill(p, 9)
+        for x in (proc, *starts):
+            x.kill()
+            x.wait(timeout=10)
+        _reap(pids)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
 def _reap(pids: list[int]) -> None:
     """Reap those of `pids` that were handed to this process and have exited."""
     for p in pids:

@@ -92,9 +92,9 @@ GATE_HEADER = "X-Inference-Checkpoint"
 
 @dataclass(frozen=True)
 class Criu:
-    """How CRIU is run: its binary, what goes before it (`nsenter -t PID -m`: the instance's mount
-    namespace, where a sandboxed unit's processes live) and whether it puts the restored tree
-    back into the cgroup it was written from (a unit's, under systemd)."""
+    """How CRIU is run: its binary, what goes before it (`in_start`: the namespaces of the start
+    it works for) and whether it puts the restored tree back into the cgroup it was written from
+    (a unit's, under systemd)."""
     binary: str
     prefix: tuple[str, ...] = ()
     cgroups: bool = False
@@ -102,6 +102,16 @@ class Criu:
     def argv(self, *args: str) -> list[str]:
         return [*self.prefix, self.binary, *args,
                 *(("--manage-cgroups=soft",) if self.cgroups else ())]
+
+    @classmethod
+    def in_start(cls, binary: str, pid: int, cgroups: bool = False) -> Criu:
+        """CRIU inside every namespace a unit's sandbox gives the start `pid` heads (mount:
+        PrivateTmp and ProtectSystem; UTS: ProtectHostname; IPC: PrivateIPC; network:
+        PrivateNetwork). A namespace CRIU shares with the tree is neither written nor made
+        again: the restored tree joins the new start's. One it does not share is made anew at the
+        restore, through /proc/sys, which ProtectKernelTunables leaves read-only, so that restore
+        fails (docs/decisions.md#checkpoints-under-systemd-on-a-gpu)."""
+        return cls(binary, ("nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "--"), cgroups)
 
 
 def as_criu(criu: str | Criu) -> Criu:

@@ -229,9 +229,9 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
     # the key reads the instance's environment as inference-run exports it (its GPUs, its vLLM,
     # its models)
     os.environ.update(env)
-    # CRIU works inside the start's mount namespace (its sandbox) and, under systemd, puts what
-    # it restores into the start's cgroup (the unit's)
-    criu = Criu(criu_bin, ("nsenter", "-t", str(pid), "-m", "--"), cgroups=systemd)
+    # CRIU works inside the start's namespaces (its sandbox) and, under systemd, puts what it
+    # restores into the start's cgroup (the unit's)
+    criu = Criu.in_start(criu_bin, pid, cgroups=systemd)
     profile_json = units.parent / "profile.json"
     dest = store / instance
     try:
