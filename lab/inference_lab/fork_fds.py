@@ -38,23 +38,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from inference_machine.checkpoint import nvidia_fds
+
 SCENARIOS = ("plain", "nvml-kept", "nvml-shutdown", "vllm-platform", "vllm-api", "nvml-kept-closed",
              "vllm-api-closed")
 WAIT_S = 240.0
 
 
 def nvidia_files(pid: int | str = "self", proc: Path = Path("/proc")) -> list[str]:
-    """The NVIDIA device files `pid` holds open, as `fd:path`, in fd order."""
-    out = []
-    fds = proc / str(pid) / "fd"
-    for fd in sorted(fds.iterdir(), key=lambda p: int(p.name)):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("/dev/nvidia"):
-            out.append(f"{fd.name}:{target}")
-    return out
+    """The NVIDIA device files `pid` holds open, as `fd:path`, in fd order (the runtime's reader,
+    which the take's check of a tree uses)."""
+    return [f"{fd}:{target}" for fd, target in nvidia_fds(pid, proc)]
 
 
 # the scenario's parent: do what it names, fork, and in the child make a CUDA context with

@@ -326,16 +326,21 @@ def criu_timeout(mib: float) -> float:
     return min(CRIU_MAX_TIMEOUT_S, max(CRIU_MIN_TIMEOUT_S, mib / CRIU_MIN_MIB_S))
 
 
+def nvidia_fds(pid: int | str, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+    """The NVIDIA device files `pid` holds open, as (fd, path) in fd order; none where its fds
+    cannot be read."""
+    out = []
+    with contextlib.suppress(OSError):
+        for fd in (proc / str(pid) / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                if (target := os.readlink(fd)).startswith("/dev/nvidia"):
+                    out.append((int(fd.name), target))
+    return sorted(out)
+
+
 def device_files(pids: list[int]) -> list[str]:
     """The NVIDIA device files still open in these processes (pid, fd, path)."""
-    out = []
-    for p in pids:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{p}/fd"):
-                with contextlib.suppress(OSError):
-                    if (target := os.readlink(f"/proc/{p}/fd/{fd}")).startswith("/dev/nvidia"):
-                        out.append(f"pid {p} fd {fd} {target}")
-    return out
+    return [f"pid {p} fd {fd} {target}" for p in pids for fd, target in nvidia_fds(p)]
 
 
 def io_uring_holders(pids: list[int]) -> list[str]:
