@@ -35,9 +35,9 @@ def test_the_table_counts_files_and_names_what_the_checkpoint_left() -> None:
              "memory_back": True},
             {"scenario": "vllm-api", "error": "no CUDA child (exit 1): ImportError"}]
     lines = fork_fds.table(rows).splitlines()
-    assert lines[2] == "| nvml-kept | 1 | 1 | 3:/dev/nvidiactl | True |  |"
-    assert lines[3] == "| nvml-shutdown | 0 | 0 | 0 | True |  |"
-    assert lines[4] == "| vllm-api | - | - | - | - | no CUDA child (exit 1): ImportError |"
+    assert lines[2] == "| nvml-kept | 1 | 1 | 3:/dev/nvidiactl | True |  |  |"
+    assert lines[3] == "| nvml-shutdown | 0 | 0 | 0 | True |  |  |"
+    assert lines[4] == "| vllm-api | - | - | - | - | no CUDA child (exit 1): ImportError |  |"
 
 
 def test_without_a_gpu_it_says_where_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,3 +60,20 @@ def test_a_scenario_whose_parent_cannot_fork_a_cuda_child_says_why() -> None:
     assert row["scenario"] == "nvml-shutdown"
     assert row["error"].startswith("no CUDA child (exit 1): ")
     assert "Error" in row["error"] and "pid" not in row
+
+
+def test_a_released_parent_s_row_says_its_shutdowns_files_and_second_answer() -> None:
+    row = {"scenario": "vllm-api-released", "parent": ["3:/dev/nvidiactl"], "inherited": [],
+           "after_checkpoint": [], "memory_back": True, "released": [2], "parent_at_fork": [],
+           "parent_asks_again": "NVIDIA H200"}
+    assert fork_fds.table([row]).splitlines()[2] == (
+        "| vllm-api-released | 1 | 0 | 0 | True |  | 2 shutdowns, 0 files, asks again: NVIDIA H200 |")
+
+
+def test_releasing_nvml_where_there_is_none_does_nothing() -> None:
+    """No NVIDIA library (this build host): nothing to shut down, and no error for a fork that
+    asks; with the library but nothing initialised, NVML refuses the first shutdown."""
+    assert fork_fds.release_nvml("libnvidia-ml-not-here.so.1") == 0
+    if not Path("/dev/nvidiactl").exists():
+        assert fork_fds.release_nvml() == 0
+

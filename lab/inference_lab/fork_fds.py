@@ -21,7 +21,12 @@ back. Scenarios:
   there (its FP8 table's capability and name);
 - `nvml-kept-closed` and `vllm-api-closed`: as those, the child closing the NVIDIA device files
   it inherited before it makes its CUDA context (whether such a child still works, and is then
-  checkpointed clean).
+  checkpointed clean);
+- `vllm-api-released`: as `vllm-api`, the parent shutting NVML down before the fork until NVML
+  says it is not initialised (`release_nvml`, from `os.register_at_fork`: where a plugin would
+  do it in the API server, so the child inherits nothing and closes nothing of a library that
+  still thinks it owns the files), then asking vLLM's platform the GPU's name again after the fork
+  (whether the parent still gets its answers).
 
 Runs on the GPU machine: `python3 -m inference_lab.fork_fds --out fds.json` with the checkout's
 `lab`, `machine` and `plugins/vllm` and the carried vLLM (/tmp/site, with pynvml) on PYTHONPATH."""
@@ -41,8 +46,26 @@ from typing import Any
 from inference_machine.checkpoint import nvidia_fds
 
 SCENARIOS = ("plain", "nvml-kept", "nvml-shutdown", "vllm-platform", "vllm-api", "nvml-kept-closed",
-             "vllm-api-closed")
+             "vllm-api-closed", "vllm-api-released")
 WAIT_S = 240.0
+RELEASE_MAX = 64  # NVML's initialisations a process may hold; more would be a loop
+
+
+def release_nvml(library: str = "libnvidia-ml.so.1") -> int:
+    """Shut NVML down in this process until it says it is not initialised, so that it closes its
+    NVIDIA device files (each nvmlInit counts; torch's device count, for one, never shuts down
+    what it started). Returns how many shutdowns succeeded: 0 where NVML was not initialised or is
+    not on this machine."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL(library)
+    except OSError:
+        return 0
+    done = 0
+    while done < RELEASE_MAX and nvml.nvmlShutdown() == 0:  # 0 is NVML_SUCCESS
+        done += 1
+    return done
 
 
 def nvidia_files(pid: int | str = "self", proc: Path = Path("/proc")) -> list[str]:
@@ -59,7 +82,7 @@ from pathlib import Path
 sys.path[:0] = [p for p in os.environ.get("FORK_FDS_PATH", "").split(":") if p]
 from inference_lab.fork_fds import nvidia_files
 scenario, work = sys.argv[1], Path(sys.argv[2])
-base = scenario.removesuffix("-closed")
+base = scenario.removesuffix("-closed").removesuffix("-released")
 if base.startswith("nvml"):
     try:
         import pynvml
@@ -81,9 +104,21 @@ elif base == "vllm-api":
     import vllm.entrypoints.openai.api_server  # noqa: F401
     from inference_image_vllm import dispatch
     dispatch.capability(); dispatch.device_name()
+if scenario.endswith("-released"):
+    from inference_lab.fork_fds import release_nvml
+    released = []
+    os.register_at_fork(before=lambda: released.append(release_nvml()))
 parent = nvidia_files()
 pid = os.fork()
 if pid:
+    if scenario.endswith("-released"):
+        after = {"released": released, "parent_at_fork": nvidia_files()}
+        try:
+            from vllm.platforms import current_platform
+            after["parent_asks_again"] = current_platform.get_device_name()
+        except Exception as exc:  # what the parent's NVML says after its release
+            after["parent_asks_again"] = f"{type(exc).__name__}: {exc}"
+        (work / "parent.json").write_text(json.dumps(after))
     _, status = os.waitpid(pid, 0)
     sys.exit(os.waitstatus_to_exitcode(status))
 inherited = nvidia_files()
@@ -141,20 +176,33 @@ def run_scenario(scenario: str, python: str, wait_s: float = WAIT_S) -> dict[str
             proc.kill()
         done = work / "done.json"
         row["memory_back"] = json.loads(done.read_text())["memory_back"] if done.exists() else None
+        if (parent := work / "parent.json").exists():
+            row.update(json.loads(parent.read_text()))
         row["exit"] = proc.returncode
     return row
 
 
+def released(row: dict[str, Any]) -> str:
+    """What a `-released` scenario's parent did and kept: NVML's shutdowns before the fork, its
+    NVIDIA device files after it, and its answer when it asked the GPU's name again."""
+    if "released" not in row:
+        return ""
+    return (f"{'+'.join(map(str, row['released'])) or 0} shutdowns, "
+            f"{len(row.get('parent_at_fork') or [])} files, asks again: "
+            f"{str(row.get('parent_asks_again', '-'))[:80]}")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| scenario | parent's | child inherited | after CUDA's checkpoint | memory back | error |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| scenario | parent's | child inherited | after CUDA's checkpoint | memory back | error |"
+             " parent after a release |", "|---|---|---|---|---|---|---|"]
     def n(r: dict[str, Any], k: str) -> str:
         v = r.get(k)
         return "-" if v is None else str(len(v)) if isinstance(v, list) else str(v)
     for r in rows:
         lines.append(f"| {r['scenario']} | {n(r, 'parent')} | {n(r, 'inherited')} | "
                      f"{', '.join(r.get('after_checkpoint') or []) or n(r, 'after_checkpoint')} | "
-                     f"{n(r, 'memory_back')} | {str(r.get('error', ''))[:160]} |")
+                     f"{n(r, 'memory_back')} | {str(r.get('error', ''))[:160]} |"
+                     f" {released(r)} |")
     return "\n".join(lines)
 
 
