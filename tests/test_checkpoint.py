@@ -451,6 +451,10 @@ def test_a_sandboxed_start_is_restored_into_the_namespaces_of_the_next_start(
     import socket
 
     criu = _working_criu()
+
+    def mount_only(pid: int) -> checkpoint.Criu:  # the helper's first way
+        return checkpoint.Criu(criu, ("nsenter", "-t", str(pid), "-m", "--"))
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     script, port = tmp_path / "tree.py", 18932
@@ -468,8 +472,7 @@ def test_a_sandboxed_start_is_restored_into_the_namespaces_of_the_next_start(
         pids = tree(proc.pid)
         assert _ns(proc.pid, "uts") != _ns(os.getpid(), "uts")
         images: dict[str, Path] = {}
-        for way, criu_run in (("mount", checkpoint.Criu(criu, ("nsenter", "-t", str(proc.pid),
-                                                                "-m", "--"))),
+        for way, criu_run in (("mount", mount_only(proc.pid)),
                               ("start", checkpoint.Criu.in_start(criu, proc.pid))):
             images[way] = tmp_path / way
             (images[way] / checkpoint.IMAGES).mkdir(parents=True)
@@ -489,8 +492,8 @@ def test_a_sandboxed_start_is_restored_into_the_namespaces_of_the_next_start(
         journal2, theirs = socket.socketpair()
         with theirs:
             with pytest.raises(CheckpointRefused, match="kernel/hostname"):
-                checkpoint.restore_tree(images["mount"], manifest, checkpoint.Criu(
-                    criu, ("nsenter", "-t", str(nxt.pid), "-m", "--")), stdout=theirs.fileno())
+                checkpoint.restore_tree(images["mount"], manifest, mount_only(nxt.pid),
+                                        stdout=theirs.fileno())
             _reap(pids)  # what CRIU had restored, killed: this process's to reap
             assert not [p for p in pids if checkpoint.alive(p)]
             restored = checkpoint.restore_tree(images["start"], manifest,

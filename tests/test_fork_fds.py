@@ -76,4 +76,3 @@ def test_releasing_nvml_where_there_is_none_does_nothing() -> None:
     assert fork_fds.release_nvml("libnvidia-ml-not-here.so.1") == 0
     if not Path("/dev/nvidiactl").exists():
         assert fork_fds.release_nvml() == 0
-
