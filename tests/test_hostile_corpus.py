@@ -10,6 +10,7 @@ server on 127.0.0.1:18765, 18766 and 34463."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
 pytestmark = pytest.mark.hostile
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "tests" / "hostile"
@@ -57,6 +60,11 @@ def _corrected(c: dict) -> dict:  # type: ignore[type-arg]
     return {**c, "command": _adapted(c["command"])}
 
 
+def _dies_with_pytest() -> None:
+    # a pytest killed mid-run must not leave the stand-in server holding its ports for its hour
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def _sh(script: str, env: dict[str, str], limit: float) -> tuple[int, str, bool]:
     p = subprocess.Popen(["bash", "-c", script], cwd=H, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -89,7 +97,8 @@ def corpus() -> Iterator[dict[str, str]]:
     srv = subprocess.Popen(
         ["python3", str(W / "fx" / "hostile_server.py"), *map(str, PORTS[:1]), str(PORTS[2]),
          str(PORTS[1]), str(W / "fx" / "api.pem"), str(W / "fx" / "api.key"),
-         str(W / "server.log"), "3600"], stdout=log, stderr=subprocess.STDOUT)
+         str(W / "server.log"), "3600"], stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=_dies_with_pytest)
     for _ in range(100):
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", PORTS[0])) == 0:
