@@ -95,7 +95,7 @@ def test_tls_unless_asked_otherwise(root: Any, profile: dict[str, Any], public: 
 
 @pytest.mark.serving
 def test_rate_limit_answers_429(root: Any, profile: dict[str, Any], public: Public,
-                                api_key: HostKey) -> None:
+                                api_key: HostKey, load_here: None) -> None:
     """One address gets at most its burst plus the profile's rate over the time it sent for;
     beyond that 429 (JSON body, Retry-After), never a 5xx; a client under that is never limited;
     the machine's own loopback clients are not limited. The bound is set from the time the
@@ -550,7 +550,8 @@ print(f"closed_after_s {time.monotonic() - t0:.1f}")
 
 @pytest.mark.serving
 def test_slow_clients_are_cut_off_and_cost_nobody_else(root: Any, profile: dict[str, Any],
-                                                       public: Public, api_key: HostKey) -> None:
+                                                       public: Public, api_key: HostKey,
+                                                       load_here: None) -> None:
     """Slow-loris: 200 connections that never finish their headers. A normal request still gets
     its answer meanwhile, and nginx closes the slow ones itself (client_header_timeout)."""
     py = root.run("command -v python3").stdout.strip()

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.serving
 
 
 @pytest.fixture(scope="module")
-def measured(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public) -> dict[str, Any]:
+def measured(root: Any, profile: dict[str, Any], api_key: HostKey, public: Public,
+             load_here: None) -> dict[str, Any]:
     t = profile["profile"]["targets"]
     sc = SCENARIOS[t["scenario"]]
     c = int(t["concurrency"])
