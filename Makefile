@@ -19,7 +19,7 @@ help: ## this list
 # CRIU's build dependencies for scripts/build-criu (the checkpoint tests).
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
-	curl iproute2 prometheus criu openssl \
+	curl iproute2 prometheus criu openssl nginx \
 	xz-utils patch pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev \
 	libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
 

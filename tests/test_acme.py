@@ -56,8 +56,9 @@ GOOD = "domain=llm.example.com\nemail=ops@example.com\n"
 
 
 @pytest.mark.parametrize(("profile_tls", "mode_file", "off"), [
-    ("off", "self-signd\n", True),      # a typo keeps the profile's mode, here off ...
-    ("self-signed", "of\n", False),     # ... and here on: fail closed in both
+    ("off", "self-signd\n", False),     # a typo is TLS on, whatever the profile says ...
+    ("self-signed", "of\n", False),     # ... fail closed in both
+    ("self-signed", "off\n", True),
     ("off", "self-signed\n", False),
 ])
 def test_acme_takes_the_mode_first_boot_decided(tmp_path: Path, profile_tls: str, mode_file: str,

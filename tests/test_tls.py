@@ -11,10 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, runtime
+from conftest import runtime
 
 from inference_image.profiles import resolve
-from inference_image.render import MACHINE_FILES, MACHINE_STATE, PATHS, render
+from inference_image.render import PATHS, render
 
 
 def _render(tmp_path: Path, *overrides: str) -> Path:
@@ -96,103 +96,93 @@ def test_a_mistyped_mode_keeps_tls(tmp_path: Path) -> None:
     _at(root, "tls_mode").write_text("of\n")
     run = _boot(r, root)
     assert run.returncode == 0
-    assert "takes self-signed or off. Keeping self-signed" in run.stderr
+    assert "not one of self-signed, off" in run.stderr and "serving with TLS" in run.stderr
     assert " ssl " in _at(root, "public_listen").read_text()
 
 
-@pytest.mark.parametrize("word", ["o f f", "o\nff", "off\x1b[2J", "OFF"])
-def test_only_the_exact_word_turns_tls_off(tmp_path: Path, word: str) -> None:
-    r, root = _render(tmp_path), tmp_path / "root"
+@pytest.mark.parametrize("word", [
+    "o f f", "o\nff", "off\x1b[2J", "OFF", "o\x01f\x02f", "off" + " " * 61 + "# plain, for the LB",
+    "off # comment", "off\x00", "\u202eoff", "off\u2028", "self-signed\noff"])
+@pytest.mark.parametrize("profile", ["self-signed", "off"])
+def test_only_the_exact_word_turns_tls_off(tmp_path: Path, word: str, profile: str) -> None:
+    """A file that is not exactly a mode, whatever the profile says, leaves TLS on (fails closed)
+    and says so once, in the journal and in the banner's endpoint.json."""
+    r, root = _render(tmp_path, f"router.tls={profile}"), tmp_path / "root"
     _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
     _at(root, "tls_mode").write_text(f"  {word}\n")
     run = _boot(r, root)
-    assert run.returncode == 0 and "Keeping self-signed" in run.stderr
+    assert run.returncode == 0 and "serving with TLS (self-signed)" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert " ssl " in _at(root, "public_listen").read_text()
-    assert "\x1b" not in run.stderr  # said, not replayed to the terminal
+    assert "\x1b" not in run.stderr and "\u202e" not in run.stderr  # said, not replayed
+    endpoint = json.loads(_at(root, "endpoint").read_text())
+    assert endpoint["tls"] == "self-signed" and len(endpoint["refused"]) == 1
 
 
-def test_the_certificate_names_the_addresses_and_globs_nothing(tmp_path: Path) -> None:
-    """`hostname -I` words that are no address (a `*` would glob the working directory's files
-    into the certificate) are left out."""
+def test_an_empty_mode_file_is_the_profiles_mode(tmp_path: Path) -> None:
+    r, root = _render(tmp_path, "router.tls=off"), tmp_path / "root"
+    _at(root, "tls_mode").parent.mkdir(parents=True, exist_ok=True)
+    _at(root, "tls_mode").write_text("\n")
+    run = _boot(r, root)
+    assert run.returncode == 0 and not run.stderr
+    assert " ssl" not in _at(root, "public_listen").read_text()
+
+
+def _key_boot(tmp_path: Path, which: str, data: bytes) -> tuple[subprocess.CompletedProcess[str],
+                                                                 Path]:
     r, root = _render(tmp_path), tmp_path / "root"
-    bin_dir, cwd = tmp_path / "bin", tmp_path / "cwd"
-    bin_dir.mkdir()
-    cwd.mkdir()
-    (cwd / "evil.example").write_text("")
-    (bin_dir / "hostname").write_text('#!/bin/sh\n[ "$1" = -I ] && echo "10.0.0.7 * 2001:db8::7"'
-                                      ' || echo worker-1\n')
-    (bin_dir / "hostname").chmod(0o755)
-    run = subprocess.run(runtime("inference-firstboot", r, root), cwd=cwd,
-                         env={**os.environ, "INFERENCE_ROOT": str(root),
-                              "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-                         capture_output=True, text=True, check=False)
+    _at(root, which).parent.mkdir(parents=True, exist_ok=True)
+    _at(root, which).write_bytes(data)
+    return _boot(r, root), root
+
+
+HOSTILE_KEYS = [b'mykey" 1;\n~. 1;\n"x', b"abcdefghijklmnop}\nserver { listen 81; }", b" " * 40,
+                b"abcdefghijklmnopq;", b"abcdefghijklmnop$http_host", b"abcdefghij\\klmnopq",
+                b"abcdefghijklmnop\x00", "abcdefghijklmnop\u2028".encode(),
+                "abcdefghijklmnop\u202e".encode(), b"\xe9t\xe9abcdefghijklmnop",
+                b"short", b"a" * 600, b"abcdefghijklmnop\r\nq", b"abc==defghijklmnopq"]
+
+
+@pytest.mark.parametrize("which", ["api_key", "scrape_token"])
+@pytest.mark.parametrize("data", HOSTILE_KEYS)
+def test_a_key_that_is_no_bearer_token_is_replaced_and_said(tmp_path: Path, which: str,
+                                                            data: bytes) -> None:
+    """A key or scrape token user-data wrote that is not RFC 6750's b64token (of 16 to 512
+    characters) never reaches nginx's map: the machine makes its own, says so in one line (the
+    secret not repeated), and the banner's endpoint.json carries the line."""
+    run, root = _key_boot(tmp_path, which, data)
     assert run.returncode == 0, run.stderr
-    text = subprocess.run(["openssl", "x509", "-in", str(_at(root, "tls_cert")), "-noout", "-ext",
-                           "subjectAltName"], capture_output=True, text=True, check=True).stdout
-    assert "IP Address:10.0.0.7" in text and "IP Address:2001:DB8:0:0:0:0:0:7" in text
-    assert "evil" not in text and "*" not in text
-    assert json.loads(_at(root, "endpoint").read_text())["url"] == "https://10.0.0.7:8000"
+    made = _at(root, which).read_text()
+    assert len(made) == 64 and made.encode() != data
+    mapped = _at(root, f"{which}_map").read_text()
+    assert mapped == f'"Bearer {made}" 1;\n', "the map holds more than the one key"
+    said = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(said) == 1 and "a new" in said[0] and "Fix:" in said[0], run.stderr
+    if len(data.strip()) >= 16:
+        assert data.decode(errors="replace").strip() not in said[0], "the refused key was repeated"
+    refused = json.loads(_at(root, "endpoint").read_text())["refused"]
+    assert len(refused) == 1 and refused[0] in said[0]
 
 
-def test_nginx_cannot_listen_without_first_boot(tmp_path: Path) -> None:
-    conf = (_render(tmp_path) / "etc/nginx/conf.d/inference-image.conf").read_text()
-    # a glob include would let nginx start with no listen line (port 80, plain) before first boot
-    assert f"include {PATHS['public_listen']};" in conf
-    assert not [ln for ln in conf.splitlines() if ln.strip().startswith("listen ")]
+@pytest.mark.parametrize("data", [b"0123456789abcdef0123456789abcdef", b"abc.DEF-ghi_jkl~mno+p/q==\n",
+                                  b"A" * 512 + b"\r\n"])
+def test_a_key_user_data_wrote_as_a_token_is_kept(tmp_path: Path, data: bytes) -> None:
+    run, root = _key_boot(tmp_path, "api_key", data)
+    assert run.returncode == 0 and not run.stderr, run.stderr
+    key = data.decode().rstrip("\r\n")
+    assert _at(root, "api_key_map").read_text() == f'"Bearer {key}" 1;\n'
+    assert json.loads(_at(root, "endpoint").read_text())["refused"] == []
 
 
-def test_rate_limit_per_client_address(tmp_path: Path) -> None:
-    conf = (_render(tmp_path, "router.rate_limit_rps=7", "router.rate_limit_burst=9")
-            / "etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "rate=7r/s" in conf and "burst=9 nodelay" in conf
-    assert "limit_req_status 429;" in conf and "return 429 " in conf
-    assert "~^127\\.  \"\";" in conf, "loopback clients (the machine's own checks) are limited"
-    off = (_render(tmp_path, "router.rate_limit_rps=0")
-           / "etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "limit_req" not in off
-
-
-def test_sysprep_removes_every_per_machine_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["api_key", "public_listen"])
+def test_first_boot_that_cannot_write_says_why_in_one_line(tmp_path: Path, where: str) -> None:
+    """A file first boot cannot write (here a folder in its place; a full or read-only /etc is
+    the same OSError) is one line naming the cause and the fix, never a traceback."""
     r, root = _render(tmp_path), tmp_path / "root"
-    assert _boot(r, root).returncode == 0
-    # and what a machine with a domain has: user-data's ACME settings, inference-acme's account
-    _at(root, "acme_conf").write_text("domain=llm.example.com\nemail=ops@example.com\n")
-    (_at(root, "acme_state") / "accounts").mkdir(parents=True, exist_ok=True)
-    # and a fleet droplet's role, from its user-data
-    _at(root, "fleet").write_text('{"fleet": "f", "role": "router", "worker_tag": "f-worker"}')
-    # and an instance's checkpoint, written once it served
-    (_at(root, "checkpoints") / "vllm-0" / "images").mkdir(parents=True, exist_ok=True)
-    extra = json.loads((r / "ansible/extra-vars.json").read_text())
-    every = [PATHS[k] for k in (*MACHINE_FILES, *MACHINE_STATE)]
-    assert extra["sysprep_machine_files"] == every
-    made = [p for p in every if (root / p.lstrip("/")).exists()]
-    assert made == every, "a per-machine file is missing"
-    check = subprocess.run(
-        ["bash", str(ROOT / "roles/sysprep/files/inference-sysprep-check")],
-        env={**os.environ, "SYSPREP_FORBIDDEN_FILE": "",
-             "SYSPREP_MACHINE_FILES": " ".join(str(root) + p for p in made)},
-        capture_output=True, text=True, check=False)
-    assert check.returncode == 1
-    for p in made:
-        assert f"per-machine file left: {root}{p}" in check.stdout
-
-
-def test_first_boot_makes_a_scrape_token_apart_from_the_api_key(tmp_path: Path) -> None:
-    """The scrape token (router.scrape): root's alone, not the API key, kept across boots and
-    replaced per instance with the key; nginx's map of it names it whole. With router.scrape off
-    the public port has no /metrics/<target> route and nginx reads no scrape map."""
-    r, root = _render(tmp_path), tmp_path / "root"
-    assert _boot(r, root).returncode == 0
-    token, key = _at(root, "scrape_token"), _at(root, "api_key")
-    assert token.stat().st_mode & 0o777 == 0o600
-    first = token.read_text()
-    assert len(first) == 64 and first != key.read_text()
-    assert _at(root, "scrape_token_map").read_text() == f'"Bearer {first}" 1;\n'
-    assert _boot(r, root).returncode == 0 and token.read_text() == first
-    assert _boot(r, root, "--force").returncode == 0 and token.read_text() != first
-    conf = (r / "etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "location = /metrics/vllm-0 {" in conf and "proxy_pass http://127.0.0.1:29000/metrics;" \
-        in conf
-    off = _render(tmp_path / "off", "router.scrape=false")
-    conf = (off / "etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "/metrics/" not in conf.replace("/metrics;", "") and "scrape-token" not in conf
+    _at(root, where).mkdir(parents=True)
+    run = _boot(r, root)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    said = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(said) <= 2 and "cannot make this machine's" in said[-1] and "Fix:" in said[-1]
+    if where == "api_key":
+        assert not _at(root, "api_key_map").exists(), "a map was written beside no key"

@@ -74,6 +74,11 @@ def banner(doc: dict[str, Any], m: Machine, now: str) -> str:
                   f"            SHA-256 {clean(doc.get('tls_sha256', ''))}",
                   f'  e.g.      curl --cacert cert.pem -H "Authorization: Bearer $KEY" '
                   f"{url}/v1/models"]
+    # what user-data wrote that first boot did not take (a key that is no bearer token, a TLS
+    # mode that is no mode), one line each, as the journal has them
+    refused = doc.get("refused")
+    for why in (refused if isinstance(refused, list) else [])[:8]:
+        lines.append(f"  REFUSED:  {clean(why)}")
     return "\n" + "\n".join(lines) + "\n\n"
 
 

@@ -16,24 +16,34 @@ prefixes every path (tests run it in a scratch directory)."""
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import os
 import re
 import secrets
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import rendered
-from .inputs import printable
+from . import rendered, writers
+from .inputs import (
+    TLS_MODE_MAX,
+    BearerToken,
+    Hostname,
+    InputError,
+    IPAddress,
+    Refused,
+    TlsMode,
+    printable,
+    read_text,
+)
 
-MODES = ("self-signed", "off")
-ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
-HOSTNAME = re.compile(r"[A-Za-z0-9.-]+")
+# the size a key or token file may have: a bearer token's longest and its line end
+SECRET_FILE_MAX = 4096
+DOMAIN_FILE_MAX = 1024
 
 
 def say(msg: str) -> None:
@@ -48,26 +58,25 @@ def at(doc: dict[str, Any], key: str) -> Path:
     return Path(rendered.root() + doc["paths"][key])
 
 
-def tls_mode(doc: dict[str, Any]) -> str:
+def tls_mode(doc: dict[str, Any], refused: list[str] | None = None) -> str:
     """The machine's TLS mode, decided here and nowhere else (inference-acme asks with
-    --tls-mode): the profile's, unless user-data wrote the exact word of another."""
+    --tls-mode): the profile's, unless user-data wrote one of the words (inputs.TlsMode). A file
+    that says anything else fails closed: TLS on with this machine's own certificate, whatever the
+    profile says, and one line (also into `refused`, for the banner)."""
     mode = str(doc["router"]["tls"])
     path = at(doc, "tls_mode")
-    if not rendered.nonempty(path):
+    if not path.exists() and not path.is_symlink():
         return mode
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    except OSError:
-        return mode
-    # the word alone, spaces around it allowed: "o f f" is no mode
-    want = re.sub(r"[\x00-\x09\x0b-\x1f\x7f]", "", raw.decode(errors="replace")).strip()
-    if want in MODES:
-        return want
-    # fail closed: a typo must not turn TLS off
-    warn(f"{path} says '{want}'; it takes self-signed or off. Keeping {mode}")
-    return mode
+        text = read_text(path, "TLS mode file", TLS_MODE_MAX)
+        # an empty file says nothing: the profile's mode
+        return str(TlsMode.parse(text)) if text.strip(" \t\r\n") else mode
+    except (InputError, Refused) as exc:
+        why = f"{path} refused ({exc}); serving with TLS (self-signed)"
+    warn(why)
+    if refused is not None:
+        refused.append(why)
+    return "self-signed"
 
 
 def put(path: Path, text: str, mode: int = 0o600) -> None:
@@ -83,22 +92,42 @@ def put(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
-def secret(path: Path, what: str, force: bool) -> str:
-    """The secret at `path` (hex), made new when missing or forced."""
-    if force or not rendered.nonempty(path):
-        put(path, secrets.token_hex(32))
-        say(f"new {what} in {path} (read it with: sudo cat {path})")
-    return path.read_text().strip()
+def secret(path: Path, what: str, force: bool, refused: list[str]) -> BearerToken:
+    """The bearer token at `path`, made new (hex) when missing, forced, or not a token
+    (inputs.BearerToken: user-data may write it). A refused one is replaced, said in one line
+    that never repeats it, and added to `refused` for the banner."""
+    # an empty file (0 bytes) is no key written: made, as a missing one is
+    written = path.is_symlink() or (path.exists() and (
+        not path.is_file() or path.stat().st_size > 0))
+    if not force and written:
+        try:
+            return BearerToken.parse(read_text(path, what, SECRET_FILE_MAX), what)
+        except (InputError, Refused) as exc:
+            why = f"{path}: {exc}; a new {what} was made in its place"
+            warn(why)
+            refused.append(why)
+    token = BearerToken(secrets.token_hex(32))
+    put(path, token)
+    say(f"new {what} in {path} (read it with: sudo cat {path})")
+    return token
 
 
-def addresses() -> list[str]:
+def addresses() -> list[IPAddress]:
     """This machine's addresses (`hostname -I`), each word that is an address (a word is data)."""
     try:
         out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10,
                              check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [a for a in out.split() if ADDRESS.fullmatch(a)]
+    found: list[IPAddress] = []
+    for word in out.split():
+        try:
+            a = ipaddress.ip_address(word)
+        except ValueError:
+            continue
+        if not (isinstance(a, ipaddress.IPv6Address) and a.scope_id):
+            found.append(a)
+    return found
 
 
 def openssl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -106,21 +135,23 @@ def openssl(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def certificate(cert: Path, key: Path, acme_domain: Path, addrs: list[str]) -> None:
+def host_name() -> Hostname:
+    try:
+        text = subprocess.run(["hostname"], capture_output=True, text=True, timeout=10,
+                              check=False).stdout
+        return Hostname.parse(text, "host name", labels_min=1)
+    except (OSError, subprocess.TimeoutExpired, Refused):
+        return Hostname("localhost")
+
+
+def certificate(cert: Path, key: Path, acme_domain: Path, addrs: list[IPAddress]) -> None:
     """A new self-signed certificate naming the machine's addresses at its first boot, so that a
     client can check it against the address it connects to (curl --cacert, or the fingerprint)."""
     acme_domain.unlink(missing_ok=True)  # a new certificate of our own; inference-acme puts its one back
-    names = "DNS:localhost,IP:127.0.0.1,IP:::1"
-    try:
-        host = subprocess.run(["hostname"], capture_output=True, text=True, timeout=10,
-                              check=False).stdout.strip() or "localhost"
-    except (OSError, subprocess.TimeoutExpired):
-        host = "localhost"
-    if HOSTNAME.fullmatch(host):
-        names += f",DNS:{host}"
-    else:
-        host = "localhost"
-    names += "".join(f",IP:{a}" for a in addrs)
+    host = host_name()
+    dns = [Hostname("localhost")] + ([host] if host != "localhost" else [])
+    names = writers.subject_alt_names(
+        dns, [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"), *addrs])
     tmp = Path(tempfile.mkdtemp(prefix=".new.", dir=cert.parent))
     try:
         r = openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
@@ -128,8 +159,7 @@ def certificate(cert: Path, key: Path, acme_domain: Path, addrs: list[str]) -> N
                     "-addext", f"subjectAltName={names}",
                     "-keyout", str(tmp / "key.pem"), "-out", str(tmp / "cert.pem"))
         if r.returncode:
-            sys.stderr.write(r.stderr)
-            raise SystemExit(1)
+            raise OSError(f"openssl could not make the certificate: {r.stderr.strip()[-300:]}")
         os.chmod(tmp / "key.pem", 0o600)
         os.chmod(tmp / "cert.pem", 0o644)
         os.replace(tmp / "key.pem", key)
@@ -140,52 +170,47 @@ def certificate(cert: Path, key: Path, acme_domain: Path, addrs: list[str]) -> N
 
 
 def listen_file(doc: dict[str, Any], mode: str, source: str) -> str:
-    listen, backlog = doc["router"]["listen"], doc["limits"]["public_backlog"]
+    address, port = writers.parse_listen(str(doc["router"]["listen"]))
+    backlog = doc["limits"]["public_backlog"]
     if mode == "off":
         return (f"# plain HTTP: chosen by {source} or the profile (router.tls: off)\n"
-                f"listen {listen} backlog={backlog};\n")
-    # TLS session cache kept small: its shared memory is counted in nginx's resident size as it
-    # fills, and a larger one kept nginx growing through a soak (docs/benchmarks.md#2026-11-23-soak-cpu).
-    return (f"listen {listen} ssl backlog={backlog};\n"
-            f"ssl_certificate {doc['paths']['tls_cert']};\n"
-            f"ssl_certificate_key {doc['paths']['tls_key']};\n"
-            "ssl_protocols TLSv1.2 TLSv1.3;\n"
-            "ssl_session_cache shared:inference_tls:1m;\n"
-            "ssl_session_timeout 1h;\n")
+                + writers.nginx_listen(address, port, backlog, None))
+    return writers.nginx_listen(address, port, backlog,
+                                (doc["paths"]["tls_cert"], doc["paths"]["tls_key"]))
 
 
 def acme_certificate(cert: Path, domain_file: Path) -> str | None:
     """The domain whose ACME certificate inference-acme installed, if the certificate in place
     names it."""
     try:
-        domain = domain_file.read_text().strip()
-    except OSError:
-        return None
-    if not domain:
+        domain = Hostname.parse(read_text(domain_file, "ACME domain record", DOMAIN_FILE_MAX))
+    except (InputError, Refused):
         return None
     r = openssl("x509", "-in", str(cert), "-noout", "-ext", "subjectAltName")
     return domain if re.search(rf"DNS:{re.escape(domain)}(?![\w.-])", r.stdout) else None
 
 
-def endpoint(doc: dict[str, Any], mode: str, addrs: list[str]) -> tuple[str, str]:
-    """endpoint.json written (the instances' ready reports kept); the URL and fingerprint."""
-    first = addrs[0] if addrs else "127.0.0.1"
-    if ":" in first:
-        first = f"[{first}]"
-    port, cert = doc["router"]["port"], at(doc, "tls_cert")
+def endpoint(doc: dict[str, Any], mode: str, addrs: list[IPAddress],
+             refused: list[str]) -> tuple[str, str]:
+    """endpoint.json written (the instances' ready reports kept); the URL and fingerprint.
+    `refused`: what user-data wrote that this boot did not take, one line each (the banner
+    shows them)."""
+    where = writers.host_port(addrs[0] if addrs else ipaddress.ip_address("127.0.0.1"),
+                              doc["router"]["port"])
+    cert = at(doc, "tls_cert")
     fingerprint = ""
     if mode == "off":
-        url = f"http://{first}:{port}"
+        url = f"http://{where}"
     else:
-        url = f"https://{first}:{port}"
+        url = f"https://{where}"
         r = openssl("x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256")
         fingerprint = r.stdout.strip().partition("=")[2]
         if domain := acme_certificate(cert, at(doc, "acme_state") / "domain"):
-            mode, url = "acme", f"https://{domain}:{port}"
+            mode, url = "acme", f"https://{writers.host_port(Hostname(domain), doc['router']['port'])}"
     doc_out: dict[str, Any] = {
         "url": url, "model": doc["served_model_name"], "health": f"{url}/health", "tls": mode,
         "tls_cert": doc["paths"]["tls_cert"], "tls_sha256": fingerprint,
-        "api_key": doc["paths"]["api_key"]}
+        "api_key": doc["paths"]["api_key"], "refused": refused}
     # the instances' ready reports (inference-startup ready, at each start) are theirs: kept
     if ready := rendered.read_endpoint(doc).get("ready"):
         doc_out["ready"] = ready
@@ -211,11 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     except rendered.RenderedError as exc:
         warn(str(exc))
         return 1
-    mode = tls_mode(doc)
     if args == ["--tls-mode"]:
-        print(mode)
+        print(tls_mode(doc))
         return 0
-    force = args == ["--force"]
+    try:
+        return make(doc, force=args == ["--force"])
+    except (OSError, Refused) as exc:
+        # a read-only or full disk, a folder where a file goes, a value the render holds that no
+        # writer takes: nothing half-made is left in place (put() writes whole files or none)
+        warn(f"cannot make this machine's API key, certificate or nginx files: {exc}. Fix: the "
+             "cause above (a full or read-only /etc, a folder in a file's place), then "
+             "systemctl restart inference-firstboot")
+        return 1
+
+
+def make(doc: dict[str, Any], force: bool) -> int:
+    refused: list[str] = []
+    mode = tls_mode(doc, refused)
     os.umask(0o077)
     key, cert = at(doc, "api_key"), at(doc, "tls_cert")
     key.parent.mkdir(parents=True, exist_ok=True)
@@ -224,18 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     # of one run with a map of the other.
     with open(f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        # nginx compares the whole Authorization header; the key is hex, so it needs no quoting.
-        put(at(doc, "api_key_map"), f'"Bearer {secret(key, "API key", force)}" 1;\n')
+        # nginx compares the whole Authorization header, written by the one writer of its maps
+        put(at(doc, "api_key_map"),
+            writers.nginx_bearer_map(secret(key, "API key", force, refused)))
         # The scrape token: metrics only, never the API (a monitoring system holds it, not a client).
-        token = secret(at(doc, "scrape_token"), "scrape token", force)
-        put(at(doc, "scrape_token_map"), f'"Bearer {token}" 1;\n')
+        token = secret(at(doc, "scrape_token"), "scrape token", force, refused)
+        put(at(doc, "scrape_token_map"), writers.nginx_bearer_map(token, "scrape token"))
         addrs = addresses()
         tls_key = at(doc, "tls_key")
         if force or not rendered.nonempty(cert) or not rendered.nonempty(tls_key):
             certificate(cert, tls_key, at(doc, "acme_state") / "domain", addrs)
         cert.parent.chmod(0o755)
         put(at(doc, "public_listen"), listen_file(doc, mode, str(at(doc, "tls_mode"))), 0o644)
-        url, fingerprint = endpoint(doc, mode, addrs)
+        url, fingerprint = endpoint(doc, mode, addrs, refused)
     say(f"the API is {url}" + (f" (TLS certificate SHA-256 {fingerprint})" if fingerprint else ""))
     reload_nginx()
     return 0
