@@ -131,3 +131,97 @@ def test_endpoint_names_the_domain_of_an_installed_acme_certificate(
     subprocess.run([*boot, "--force"], env=env, check=True, capture_output=True)
     endpoint = json.loads(_at(root, "endpoint").read_text())
     assert endpoint["tls"] == "self-signed" and not marker.exists()
+
+
+def _pem(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "90", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    return crt, key
+
+
+def _stand_in_lego(tmp_path: Path, crt: Path, key: Path) -> str:
+    """A stand-in for lego (the CA is on the internet): `run` leaves the given certificate and
+    key where lego leaves the domain's. Its folder, for PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "lego").write_text(
+        "#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in --path) p=$2;; --domains) d=$2;; esac; "
+        f"shift; done\nmkdir -p $p/certificates && cp {crt} $p/certificates/$d.crt && "
+        f"cp {key} $p/certificates/$d.key\n")
+    (bin_dir / "lego").chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+@pytest.mark.parametrize("what", ["another name", "another key"])
+def test_a_certificate_that_is_not_the_domains_is_never_installed(
+        rendered: tuple[Path, Path], tmp_path: Path, what: str) -> None:
+    """What the CA (or anything in lego's folder) hands back is installed only where it names the
+    domain and its key is its own; else one line, and the machine keeps its own certificate."""
+    r, root = rendered
+    subprocess.run(runtime("inference-firstboot", r, root), env={**os.environ,
+                   "INFERENCE_ROOT": str(root)}, check=True, capture_output=True)
+    before = _at(root, "tls_cert").read_bytes()
+    crt, key = _pem(tmp_path, "llm.example.com")
+    if what == "another name":
+        crt, key = _pem(tmp_path, "evil.example.net")
+    else:
+        key = _pem(tmp_path / ".." / tmp_path.name, "other.example.com")[1]
+    run = _acme(r, root, GOOD, _stand_in_lego(tmp_path, crt, key))
+    assert run.returncode == 1 and "not installed" in run.stderr and "Fix:" in run.stderr, \
+        run.stdout + run.stderr
+    assert _at(root, "tls_cert").read_bytes() == before
+    assert json.loads(_at(root, "endpoint").read_text())["tls"] == "self-signed"
+
+
+def test_the_domains_certificate_is_installed_and_named(rendered: tuple[Path, Path],
+                                                       tmp_path: Path) -> None:
+    r, root = rendered
+    crt, key = _pem(tmp_path, "llm.example.com")
+    run = _acme(r, root, GOOD, _stand_in_lego(tmp_path, crt, key))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _at(root, "tls_cert").read_bytes() == crt.read_bytes()
+    assert json.loads(_at(root, "endpoint").read_text())["url"] == "https://llm.example.com:8000"
+
+
+@pytest.mark.parametrize("ca", ["notes", "dev-zero", "fifo", "folder", "relative"])
+def test_ca_must_be_a_pem_certificate_file(rendered: tuple[Path, Path], tmp_path: Path,
+                                           ca: str) -> None:
+    r, root = rendered
+    path = tmp_path / ca
+    if ca == "notes":
+        path.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    elif ca == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif ca == "fifo":
+        os.mkfifo(path)
+    elif ca == "folder":
+        path.mkdir()
+    run = _acme(r, root, GOOD + f"ca={'ca.pem' if ca == 'relative' else path}\n")
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1 and "ca=" in lines[0] and "Traceback" not in \
+        run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("where", [".lock", "domain"])
+def test_a_fifo_in_the_acme_state_never_holds_it_up(rendered: tuple[Path, Path], tmp_path: Path,
+                                                    where: str) -> None:
+    r, root = rendered
+    state = _at(root, "acme_state")
+    state.mkdir(parents=True)
+    os.mkfifo(state / where)
+    _at(root, "acme_conf").parent.mkdir(parents=True, exist_ok=True)
+    _at(root, "acme_conf").write_text(GOOD)
+    crt, key = _pem(tmp_path, "llm.example.com")
+    run = subprocess.run(runtime("inference-acme", r, root), capture_output=True, text=True,
+                         env={"INFERENCE_ROOT": str(root),
+                              "PATH": _stand_in_lego(tmp_path, crt, key)},
+                         check=False, timeout=20)
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) <= 1, run.stderr
+    if where == ".lock":
+        assert run.returncode == 1 and "not a regular file" in run.stderr
+    else:  # the domain's record is written whole over what stood there
+        assert run.returncode == 0, run.stderr
+        assert (state / "domain").is_file() and (state / "domain").read_text() == "llm.example.com\n"

@@ -15,8 +15,6 @@ INFERENCE_ROOT prefixes every path (tests run it in a scratch directory)."""
 
 from __future__ import annotations
 
-import fcntl
-import filecmp
 import os
 import re
 import shutil
@@ -25,22 +23,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import firstboot, rendered
-from .inputs import InputError, printable, read_text
+from . import boundary, firstboot, rendered
+from .inputs import Email, Hostname, InputError, Refused, printable, read_bytes, read_text
 from .layout import FIREWALL_TABLE
 
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
 CONF_MAX = 64 * 1024
+# a CA bundle: a few certificates, PEM
+CA_MAX = 1024 * 1024
+# lego's certificate and key for the domain, read back before they are installed
+CERT_MAX = 1024 * 1024
 SETTING = re.compile(r"([a-z]+)=(.*)")
-LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-DOMAIN = re.compile(rf"({LABEL}\.)+[a-z]{LABEL}|({LABEL}\.)+[a-z]")
-EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
 DIRECTORY = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 RULE_COMMENT = "inference-acme"
-
-
-class Refused(Exception):
-    pass
 
 
 def say(msg: str) -> None:
@@ -67,20 +62,38 @@ def read_conf(conf: Path) -> dict[str, str]:
         if name not in got:
             raise Refused(f"{conf}: unknown setting '{name}'. Fix: domain=, email=, directory= or ca=")
         got[name] = value.lower() if name == "domain" else value
-    d = got["domain"]
-    if len(d) > 253 or not DOMAIN.fullmatch(d):
-        raise Refused(f"{conf}: domain='{d}' is not a DNS name. Fix: domain=llm.example.com, a name "
-                      "whose A/AAAA record is this machine's address")
-    if not EMAIL.fullmatch(got["email"]):
-        raise Refused(f"{conf}: email='{got['email']}' is not an email address. Fix: "
-                      "email=you@example.com (the CA's account; Let's Encrypt sends expiry notices there)")
+    # domain: the name whose A/AAAA record is this machine's address; email: the CA's account,
+    # where Let's Encrypt sends expiry notices
+    for name, parse in (("domain", Hostname.parse), ("email", Email.parse)):
+        try:
+            got[name] = parse(got[name])
+        except Refused as exc:
+            raise Refused(f"{conf}: {name}=: {exc}") from None
     if not DIRECTORY.fullmatch(got["directory"]):
         raise Refused(f"{conf}: directory='{got['directory']}' is not an https URL. Fix: leave it "
                       "out for Let's Encrypt, or give the CA's ACME directory URL")
-    if got["ca"] and not Path(got["ca"]).is_file():
-        raise Refused(f"{conf}: ca={got['ca']} is not a file. Fix: a PEM bundle of the CA that "
-                      "signs the ACME server's own certificate")
+    if got["ca"]:
+        got["ca"] = ca_bundle(conf, got["ca"])
     return got
+
+
+def ca_bundle(conf: Path, path: str) -> str:
+    """ca=: an absolute path to a regular file of at most CA_MAX holding PEM certificates that
+    openssl reads (lego trusts the ACME server's HTTPS by it, so it must be a CA, not any file)."""
+    fix = "Fix: ca= the absolute path of a PEM bundle of the CA that signs the ACME server's own certificate"
+    if not path.startswith("/"):
+        raise Refused(f"{conf}: ca={path} is not an absolute path. {fix}")
+    try:
+        data = read_bytes(Path(path), "CA bundle", CA_MAX)
+    except InputError as exc:
+        raise Refused(f"{conf}: ca=: {exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise Refused(f"{conf}: ca={path} holds no PEM certificate. {fix}")
+    r = firstboot.openssl("x509", "-in", path, "-noout", "-subject")
+    if r.returncode:
+        raise Refused(f"{conf}: ca={path} is not a certificate openssl can read "
+                      f"({r.stderr.strip()[-120:]}). {fix}")
+    return path
 
 
 class Port80:
@@ -135,18 +148,42 @@ def obtain(conf: dict[str, str], state: Path) -> Path:
     return crt
 
 
+def checked_pair(domain: str, crt: Path, key: Path) -> tuple[bytes, bytes]:
+    """lego's certificate and key, read as regular files (never a FIFO or a device left in their
+    place), the certificate naming `domain` among its DNS names and the key its own. Refused
+    otherwise: a certificate for another name would be served as this machine's."""
+    try:
+        cert_pem = read_bytes(crt, "certificate", CERT_MAX)
+        key_pem = read_bytes(key, "certificate's key", CERT_MAX)
+    except InputError as exc:
+        raise Refused(f"lego's certificate for {domain}: {exc}") from None
+    names = firstboot.openssl("x509", "-in", str(crt), "-noout", "-ext", "subjectAltName").stdout
+    dns = set(re.findall(r"DNS:([^,\s]+)", names))
+    if domain not in {d.lower() for d in dns}:
+        raise Refused(f"the certificate {crt} does not name {domain} (it names "
+                      f"{printable(', '.join(sorted(dns)) or 'nothing', 200)}): not installed. "
+                      "Fix: remove it, and inference-acme asks the CA again")
+    pub = [firstboot.openssl(*args).stdout for args in (
+        ("x509", "-in", str(crt), "-noout", "-pubkey"), ("pkey", "-in", str(key), "-pubout"))]
+    if not pub[0] or pub[0] != pub[1]:
+        raise Refused(f"the key beside {crt} is not its certificate's: not installed. Fix: "
+                      "remove both, and inference-acme asks the CA again")
+    return cert_pem, key_pem
+
+
 def install(doc: dict[str, Any], conf: dict[str, str], state: Path, crt: Path) -> None:
     cert, key = firstboot.at(doc, "tls_cert"), firstboot.at(doc, "tls_key")
     domain = conf["domain"]
-    if cert.exists() and filecmp.cmp(crt, cert, shallow=False):
+    cert_pem, key_pem = checked_pair(domain, crt, state / "certificates" / f"{domain}.key")
+    current = read_bytes(cert, "certificate", CERT_MAX) if rendered.nonempty(cert) else b""
+    if current == cert_pem:
         say(f"the certificate for {domain} is current (renewed 30 days before it expires)")
         return
     # both files in place before nginx reloads (the firstboot call below): never a key of one
     # certificate beside the other
-    shutil.copyfile(state / "certificates" / f"{domain}.key", f"{key}.new")
-    os.chmod(f"{key}.new", 0o600)
-    shutil.copyfile(crt, f"{cert}.new")
-    os.chmod(f"{cert}.new", 0o644)
+    cert.parent.mkdir(parents=True, exist_ok=True)
+    firstboot.put(Path(f"{key}.new"), key_pem.decode("ascii", errors="replace"), 0o600)
+    firstboot.put(Path(f"{cert}.new"), cert_pem.decode("ascii", errors="replace"), 0o644)
     os.replace(f"{key}.new", key)
     os.replace(f"{cert}.new", cert)
     end = firstboot.openssl("x509", "-in", str(cert), "-noout", "-enddate").stdout.strip()
@@ -173,16 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         os.umask(0o077)
         state = firstboot.at(doc, "acme_state")
         state.mkdir(parents=True, exist_ok=True)
-        with open(state / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with boundary.locked(state / ".lock"):
             crt = obtain(conf, state)
             install(doc, conf, state, crt)
             # first boot's program writes the endpoint file (this URL, the fingerprint) and
             # reloads nginx
-            (state / "domain").write_text(conf["domain"] + "\n")
+            firstboot.put(state / "domain", conf["domain"] + "\n")
         return firstboot.main([])
-    except (Refused, rendered.RenderedError) as exc:
+    except (Refused, rendered.RenderedError, boundary.BoundaryError) as exc:
         print(f"inference-acme: {printable(str(exc))}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"inference-acme: cannot keep the ACME state or install the certificate: "
+              f"{printable(str(exc))}. Fix: the cause (a full or read-only disk, a folder or a "
+              "pipe in a file's place), then systemctl start inference-acme", file=sys.stderr)
         return 1
 
 

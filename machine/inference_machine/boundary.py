@@ -127,12 +127,14 @@ def make_owned_folder(folder: Path, ids: tuple[int, int] | None, mode: int = 0o7
 
 # ---- root's own state, in root's folders ------------------------------------------------------
 
-def open_regular(path: Path, flags: int = os.O_RDONLY, follow: bool = False) -> int:
+def open_regular(path: Path, flags: int = os.O_RDONLY, follow: bool = False,
+                 mode: int = 0o600) -> int:
     """A descriptor of `path` opened without blocking on a FIFO and, unless `follow` (a path root
     itself was given), without following a link; BoundaryError where it is anything but a
     regular file."""
     try:
-        fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC,
+                     mode)
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last part is a link
             raise BoundaryError(f"{path}: a link stands there: refused") from None
@@ -143,6 +145,20 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, follow: bool = False) -> 
         raise BoundaryError(f"{path}: not a regular file (a FIFO, a device or a folder): "
                             "refused")
     return fd
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Any:
+    """An exclusive flock on `path` (a regular file made if missing, never a link followed or a
+    FIFO opened, which would block the program before it asks for the lock), for the block's
+    length."""
+    import fcntl
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def read_bytes(path: Path, max_bytes: int) -> bytes:

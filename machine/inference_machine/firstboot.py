@@ -15,7 +15,6 @@ prefixes every path (tests run it in a scratch directory)."""
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import json
 import os
@@ -28,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import rendered, writers
+from . import boundary, rendered, writers
 from .inputs import (
     TLS_MODE_MAX,
     BearerToken,
@@ -259,8 +258,7 @@ def make(doc: dict[str, Any], force: bool) -> int:
     cert.parent.mkdir(parents=True, exist_ok=True)
     # One writer at a time: cloud-init's --force run and the boot unit must not interleave a key
     # of one run with a map of the other.
-    with open(f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with boundary.locked(Path(f"{key}.lock")):
         # nginx compares the whole Authorization header, written by the one writer of its maps
         put(at(doc, "api_key_map"),
             writers.nginx_bearer_map(secret(key, "API key", force, refused)))
