@@ -84,9 +84,9 @@ def test_an_unknown_option_is_refused(machine: Path, args: tuple[str, ...]) -> N
 
 @pytest.mark.parametrize(("fleet", "why"), [
     ("{not json", "not a JSON object"),
-    ({"fleet": "f", "role": "boss"}, "'role' is 'boss': write worker, router, head or node"),
+    ({"fleet": "f", "role": "boss"}, "'role' is 'boss', not a role. Fix: write worker, router, head or node"),
     ({"role": "worker", "router": "http://10.0.0.2:8001; reboot", "instance_ports": [8100]},
-     "'router' is 'http://10.0.0.2:8001; reboot': write http://ROUTER_PRIVATE_IPV4:PORT"),
+     "'router' is 'http://10.0.0.2:8001; reboot', not the router's private address"),
     ({"role": "worker", "router": "<the router's private IPv4, once it exists>",
       "instance_ports": [8100]}, "'router' is"),
     ({"role": "worker", "router": "http://10.0.0.2:8001", "instance_ports": ["8100"]},
@@ -280,3 +280,20 @@ def test_the_fleet_file_is_read_bounded_by_its_one_reader(tmp_path: Path, kind: 
     f2 = tmp_path / "ok.json"
     f2.write_text(json.dumps(WORKER))
     assert role_line(f2, "join", 1) == "worker http://10.0.0.2:8001 8100"
+
+
+def test_a_router_lets_workers_in_only_from_a_fleet_network(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet router opens vllm-router's port to the networks of its addresses: a VPC's, never
+    its public interface's nor a private one larger than a VPC."""
+    import ipaddress
+
+    from inference_machine import fleetfile
+    monkeypatch.setattr(fleetfile, "addresses", lambda: [
+        ("eth0", ipaddress.IPv4Interface("203.0.113.7/20")),
+        ("eth1", ipaddress.IPv4Interface("10.110.0.5/20")),
+        ("eth2", ipaddress.IPv4Interface("10.7.0.1/8")),
+        ("eth3", ipaddress.IPv4Interface("100.64.0.9/10"))])
+    f = tmp_path / "fleet.json"
+    f.write_text(json.dumps(ROUTER))
+    assert fleetfile.role_line(f, "join", 1) == "router 10.110.0.0/20"

@@ -107,6 +107,8 @@ case "$*" in
     printf '2: eth0    inet 203.0.113.7/20 brd 203.0.113.255 scope global eth0\\n'
     printf '3: eth1    inet 10.110.0.5/20 brd 10.110.15.255 scope global eth1\\n' ;;
   "-o route get 10.110.0.2") echo "10.110.0.2 dev eth1 src 10.110.0.5 uid 0" ;;
+  # a head that is on no network of this machine: the route leaves by the public interface
+  "-o route get 10.120.0.2") echo "10.120.0.2 via 203.0.112.1 dev eth0 src 203.0.113.7 uid 0" ;;
   *) exit 2 ;;
 esac
 """
@@ -149,6 +151,19 @@ def test_each_machine_finds_its_rank_address_and_interface_on_the_private_networ
         (tmp_path / "nft.calls").read_text()
 
 
+def test_a_node_whose_route_to_its_head_leaves_by_a_public_interface_opens_nothing(
+        machine: Path, tmp_path: Path) -> None:
+    """The network a node opens is its route's to the head: where that leaves by the public
+    interface (a head on no network this machine shares), it would be a public /20. Refused,
+    and the firewall is never asked."""
+    fleet = {**NODE, "head": "10.120.0.2"}
+    r = run(machine, tmp_path, fleet, [PATHS["join"], "--open-group"])
+    assert "a network the head is not on" in r.stderr and "Fix:" in r.stderr, r.stderr
+    assert not (tmp_path / "nft.calls").exists(), "the firewall was asked to open a network"
+    r = run(machine, tmp_path, fleet, [PATHS["runner"], "vllm-0"], INFERENCE_DRY_RUN="1")
+    assert r.returncode == 2 and "a network the head is not on" in r.stderr
+
+
 def test_inference_run_starts_the_head_or_the_nodes_stage(machine: Path, tmp_path: Path) -> None:
     dry = {"INFERENCE_DRY_RUN": "1"}
     head = run(machine, tmp_path, HEAD, [PATHS["runner"], "vllm-0"], **dry)
@@ -166,17 +181,20 @@ def test_inference_run_starts_the_head_or_the_nodes_stage(machine: Path, tmp_pat
     (None, "vllm-0 spans 2 machines (serving.nodes) and this machine's fleet file"),
     ({"role": "worker", "router": "http://10.110.0.2:8001", "instance_ports": [8100]},
      "does not say head or node"),
-    ({**NODE, "rank": 2}, "'rank' is 2: write this node's place, 1 to 1"),
-    ({**NODE, "head": "head.internal"}, "'head' is 'head.internal': write the head's private IPv4"),
-    ({**HEAD, "network": "10.9.0.0/16"}, "no address of this machine is in 'network' 10.9.0.0/16"),
-    ({"role": "head"}, "'network' is None: write the private IPv4 network the nodes share"),
+    ({**NODE, "rank": 2}, "'rank' is 2, not a node's place. Fix: write this node's place, 1 to 1"),
+    ({**NODE, "head": "head.internal"}, "'head' is 'head.internal', not a private IPv4 address"),
+    ({**HEAD, "network": "10.9.0.0/16"}, "no address of this machine is in 'network' 10.9.0.0/16. Fix:"),
+    ({"role": "head"}, "'network' is None: the network 'None' is not a network. Fix:"),
     # every port of the head opens to the network: never one holding a public address
-    ({**HEAD, "network": "203.0.113.0/20"}, "'network' is '203.0.113.0/20': write the private"),
-    ({**HEAD, "network": "0.0.0.0/0"}, "'network' is '0.0.0.0/0': write the private"),
+    ({**HEAD, "network": "203.0.112.0/20"}, "203.0.112.0/20 is not a private network"),
+    ({**HEAD, "network": "203.0.113.0/20"}, "has host bits set"),
+    # nor a private network larger than a VPC
+    ({**HEAD, "network": "10.0.0.0/8"}, "larger than a fleet's network"),
+    ({**HEAD, "network": "0.0.0.0/0"}, "the network 0.0.0.0/0 is not a private network"),
     ({**HEAD, "network": ["10.110.0.0/20"]}, "'network' is ['10.110.0.0/20']"),
-    ({**NODE, "rank": True}, "'rank' is True: write this node's place"),
-    ({**NODE, "head": "999.1.1.1"}, "'head' is '999.1.1.1': write the head's private IPv4"),
-    ({**NODE, "head": "8.8.8.8"}, "'head' is '8.8.8.8': write the head's private IPv4"),
+    ({**NODE, "rank": True}, "'rank' is True, not a node's place"),
+    ({**NODE, "head": "999.1.1.1"}, "'head' is '999.1.1.1', not a private IPv4"),
+    ({**NODE, "head": "8.8.8.8"}, "'head' is '8.8.8.8', not a private IPv4"),
 ])
 def test_a_machine_that_cannot_find_its_part_says_why_and_does_not_start(
         machine: Path, tmp_path: Path, fleet: object, why: str) -> None:

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from .inputs import Refused, fleet_network, printable
 from .prepare import read_small
 
 FLEET_FILE_MAX = 64 * 1024
@@ -40,6 +41,14 @@ def private_ipv4(text: object) -> ipaddress.IPv4Address | None:
         else None
 
 
+def _is_fleet_network(net: ipaddress.IPv4Network) -> bool:
+    try:
+        fleet_network(net)
+    except Refused:
+        return False
+    return True
+
+
 def _loopback(text: str) -> bool:
     try:
         return ipaddress.IPv4Address(text).is_loopback
@@ -60,33 +69,52 @@ def _group(d: dict[str, Any], role: str, nodes: int) -> str:
         raise FleetFileError(f"'role' is {role!r}, but this image's instance serves on one "
                              "machine (serving.nodes: 1): write worker or router")
     if role == "head":
+        # every port of this machine opens to it: a private network no larger than a VPC (none
+        # of the machine's public addresses, nobody's on the internet)
+        raw = d.get("network")
         try:
-            net = ipaddress.IPv4Network(d.get("network", ""))
-        except (ValueError, TypeError):
-            net = None
-        # every port of this machine opens to it: a private network only (none of the machine's
-        # public addresses, nobody's on the internet)
-        if net is None or not net.is_private or any(net.overlaps(n) for n in NEVER_A_PEER):
-            raise FleetFileError(f"'network' is {d.get('network')!r}: write the private IPv4 "
-                                 "network the nodes share, e.g. 10.110.0.0/20")
+            net = fleet_network(raw if isinstance(raw, str) else repr(raw))
+        except Refused as exc:
+            raise FleetFileError(f"'network' is {printable(repr(raw), 60)}: {exc}") from None
+        if net.version != 4:
+            raise FleetFileError(f"'network' is {net}, not IPv4: vLLM's nodes meet over IPv4. "
+                                 "Fix: write the private IPv4 network the nodes share")
         mine = [(dev, a) for dev, a in addresses() if a.ip in net]
         if not mine:
-            raise FleetFileError(f"no address of this machine is in 'network' {net}")
+            raise FleetFileError(f"no address of this machine is in 'network' {net}. Fix: write "
+                                 "the network of this machine's private interface")
         rank, head = 0, str(mine[0][1].ip)
     else:
         rank, head = d.get("rank"), d.get("head", "")
         if type(rank) is not int or not 0 < rank < nodes:
-            raise FleetFileError(f"'rank' is {rank!r}: write this node's place, 1 to {nodes - 1}")
+            raise FleetFileError(f"'rank' is {printable(repr(rank), 40)}, not a node's place. "
+                                 f"Fix: write this node's place, 1 to {nodes - 1}")
         if private_ipv4(head) is None:
-            raise FleetFileError(f"'head' is {head!r}: write the head's private IPv4 address")
+            raise FleetFileError(f"'head' is {printable(repr(head), 60)}, not a private IPv4 "
+                                 "address of another machine. Fix: write the head's private IPv4 "
+                                 "address")
         route = subprocess.run(["ip", "-o", "route", "get", str(head)], capture_output=True,
                                text=True, check=False).stdout
         m = re.search(r" src ([0-9.]+)", route)
         if not m:
-            raise FleetFileError(f"no route from this machine to the head {head}")
+            raise FleetFileError(f"no route from this machine to the head {head}. Fix: give the "
+                                 "head's address on the network this machine shares with it")
         mine = [(dev, a) for dev, a in addresses() if str(a.ip) == m.group(1)]
         if not mine:
             raise FleetFileError(f"no interface has this machine's address {m.group(1)}")
+        # the network this node opens every port to: the one its route to the head leaves by,
+        # which must hold the head (a route through a gateway, e.g. the public interface's,
+        # would open a network the head is not on) and be a fleet's private network
+        net = mine[0][1].network
+        if ipaddress.IPv4Address(head) not in net:
+            raise FleetFileError(f"the route to the head {head} leaves by {mine[0][0]} "
+                                 f"({net}), a network the head is not on: this node opens no "
+                                 "network. Fix: give the head's address on the private network "
+                                 "both machines share")
+        try:
+            fleet_network(str(net), f"network of {mine[0][0]}")
+        except Refused as exc:
+            raise FleetFileError(str(exc)) from None
     dev, a = mine[0]
     return f"{role} {rank} {head} {a.ip} {dev} {a.network}"
 
@@ -105,13 +133,15 @@ def role_line(fleet: Path, mode: str, nodes: int) -> str:
     if role == "router":
         if mode != "join":
             return "router"  # the role alone: the networks are the join's, not every start's
-        # the private networks of its addresses (a DigitalOcean VPC, a podman net)
+        # the fleet networks of its addresses (a DigitalOcean VPC, a podman net): never a public
+        # one, nor a private one larger than a VPC
         return " ".join(["router", *sorted({str(a.network) for _, a in addresses()
-                                            if a.ip.is_private})])
+                                            if _is_fleet_network(a.network)})])
     if role in ("head", "node"):
         return _group(d, role, nodes)
     if role != "worker":
-        raise FleetFileError(f"'role' is {role!r}: write worker, router, head or node")
+        raise FleetFileError(f"'role' is {printable(repr(role), 40)}, not a role. Fix: write "
+                             "worker, router, head or node")
     m = re.fullmatch(r"http://([0-9.]{7,15}):([0-9]{1,5})", router) \
         if isinstance(router, str) else None
     # the router is a private address of the fleet's network, or this machine's own loopback
@@ -119,9 +149,11 @@ def role_line(fleet: Path, mode: str, nodes: int) -> str:
     # or a public address
     if not m or (private_ipv4(m[1]) is None and not _loopback(m[1])) or \
             not 0 < int(m[2]) < 65536:
-        raise FleetFileError(f"'router' is {router!r}: write http://ROUTER_PRIVATE_IPV4:PORT")
+        raise FleetFileError(f"'router' is {printable(repr(router), 80)}, not the router's "
+                             "private address and port (never link-local, 0.0.0.0 or public). "
+                             "Fix: write http://ROUTER_PRIVATE_IPV4:PORT")
     if not isinstance(ports, list) or not ports or len(set(ports)) != len(ports) or \
             not all(type(p) is int and 0 < p < 65536 for p in ports):
-        raise FleetFileError(f"'instance_ports' is {ports!r}: write the instance ports, "
-                             "e.g. [8100]")
+        raise FleetFileError(f"'instance_ports' is {printable(repr(ports), 80)}, not a list of "
+                             "distinct ports 1-65535. Fix: write the instance ports, e.g. [8100]")
     return " ".join(["worker", router, *(str(p) for p in ports)])

@@ -28,16 +28,17 @@ the file's path (tests)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import rendered
+from . import rendered, writers
 from .bounded_http import fetch
 from .fleetfile import FleetFileError, role_line
-from .inputs import printable
+from .inputs import IPAddress, IPNetwork, Port, Refused, finite, fleet_network, printable
 from .layout import FIREWALL_TABLE
 
 USAGE = "usage: inference-join [--role | --serves-instances | --group | --open-group | --leave PORT]"
@@ -67,12 +68,23 @@ def nft(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=30)
 
 
-def let_in(nft_set: str, element: str) -> bool:
+def let_in(nft_set: str, element: IPAddress | IPNetwork) -> bool:
     """`element` into the firewall's `nft_set` (True: it is there now; False: the error, said).
-    `add` keeps an element that is there; a reload of the firewall empties the set, and the next
-    run puts it back."""
+    A network must be a fleet's (inputs.fleet_network: private, no larger than a VPC) and an
+    address a private one; the element is written by writers.nft_element, never pasted. `add`
+    keeps an element that is there; a reload of the firewall empties the set, and the next run
+    puts it back."""
     try:
-        r = nft("add", "element", "inet", FIREWALL_TABLE, nft_set, f"{{ {element} }}")
+        if isinstance(element, ipaddress.IPv4Network | ipaddress.IPv6Network):
+            fleet_network(element)
+        elif not element.is_private or element.is_link_local or element.is_unspecified:
+            raise Refused(f"{element} is not a private address of the fleet")
+        text = writers.nft_element(element)
+    except Refused as exc:
+        warn(f"refused to open the firewall (set {nft_set}): {exc}")
+        return False
+    try:
+        r = nft("add", "element", "inet", FIREWALL_TABLE, nft_set, f"{{ {text} }}")
     except (OSError, subprocess.TimeoutExpired) as exc:
         r = subprocess.CompletedProcess([], 1, "", str(exc))
     if r.returncode:
@@ -82,10 +94,12 @@ def let_in(nft_set: str, element: str) -> bool:
     return True
 
 
-def is_in(nft_set: str, element: str) -> bool:
+def is_in(nft_set: str, element: IPAddress | IPNetwork) -> bool:
     try:
         return nft("get", "element", "inet", FIREWALL_TABLE, nft_set,
-                   f"{{ {element} }}").returncode == 0
+                   f"{{ {writers.nft_element(element)} }}").returncode == 0
+    except Refused:
+        return False
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -110,13 +124,15 @@ def in_flight(port: str) -> int | None:
         return None
     if a.status != 200:
         return None
-    total = 0.0
+    total = 0
     for m in IN_FLIGHT.finditer(a.body.decode(errors="replace")):
+        # a gauge is a count: NaN, an infinity or a negative is no sample (skipped, as one that
+        # is no number)
         try:
-            total += float(m.group(2))
-        except ValueError:
+            total += int(finite(m.group(2), "gauge", 0, 1e9))
+        except Refused:
             continue
-    return int(total)
+    return total
 
 
 def leave(router: str, src: str, port: str, doc: dict[str, object]) -> int:
@@ -159,8 +175,8 @@ def leave(router: str, src: str, port: str, doc: dict[str, object]) -> int:
 
 def join_router(router: str, ports: list[str], doc: dict[str, object]) -> int:
     """A worker's instances that are up, added to the router (0: all of them are there)."""
-    host = re.sub(r":[0-9]+$", "", router.removeprefix("http://"))
-    src = route_source(host)
+    host = ipaddress.IPv4Address(re.sub(r":[0-9]+$", "", router.removeprefix("http://")))
+    src = route_source(str(host))
     every = doc["limits"]["join_every_s"]  # type: ignore[index]
     if src is None:
         warn(f"no route from this machine to the router {host}")
@@ -200,7 +216,12 @@ def join_router(router: str, ports: list[str], doc: dict[str, object]) -> int:
     return failed
 
 
-def open_group(role: str, net: str) -> int:
+def open_group(role: str, text: str) -> int:
+    try:
+        net = fleet_network(text)
+    except Refused as exc:
+        warn(f"this {role} opens no network: {exc}")
+        return 1
     if is_in("fleet_nodes", net):
         return 0
     if not let_in("fleet_nodes", net):
@@ -214,7 +235,12 @@ def open_router(nets: list[str], doc: dict[str, object]) -> int:
         warn("this fleet router has no private IPv4 address for its workers to reach it on")
         return 1
     port = doc["router"]["internal_port"]  # type: ignore[index]
-    for net in nets:
+    for text in nets:
+        try:
+            net = fleet_network(text)
+        except Refused as exc:
+            warn(f"workers are not let in from {printable(text, 60)}: {exc}")
+            continue
         if is_in("fleet_workers", net):
             continue
         if not let_in("fleet_workers", net):
@@ -264,9 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     mode = args[0] if args else "join"
     if mode not in MODES or len(args) > (2 if mode == "--leave" else 1) or (
-            mode == "--leave" and not re.fullmatch(r"[0-9]{1,5}", args[1] if len(args) > 1 else "")):
+            mode == "--leave" and len(args) < 2):
         print(USAGE, file=sys.stderr)
         return 2
+    if mode == "--leave":
+        try:
+            args = [mode, str(Port.parse(args[1], "--leave port"))]
+        except Refused as exc:
+            print(f"inference-join: {exc}. {USAGE}", file=sys.stderr)
+            return 2
     try:
         got = read_role(mode)
         if got is None:
