@@ -194,12 +194,19 @@ def _raise() -> None:
 def test_the_word_and_the_gates_flag_replace_a_plant_and_never_write_through_it(
         world: Path, kind: str) -> None:
     victim = _victim(world)
-    cache = _cache(world)
     run = world / "run"
     run.mkdir(mode=0o755)
     _plant(kind, run / "vllm-0.word", victim)
     _plant(kind if kind != "hardlink" else "symlink", run / "vllm-0.open", victim)
-    unit_checkpoint.write_word(run, "vllm-0", 123, "cold tok", cache)
+    # the word's reader is the start's main process: here one of the service user's
+    start = subprocess.Popen(["setpriv", f"--reuid={NOBODY[0]}", f"--regid={NOBODY[1]}",
+                              "--clear-groups", "sleep", "30"])
+    try:
+        time.sleep(0.2)
+        unit_checkpoint.write_word(run, "vllm-0", start.pid, "cold tok")
+    finally:
+        start.kill()
+        start.wait()
     unit_checkpoint.open_gate(run, "vllm-0")
     _intact(victim)
     st = os.lstat(run / "vllm-0.word")
@@ -218,9 +225,9 @@ def test_the_helper_keeps_its_state_only_in_a_folder_of_roots(world: Path) -> No
     os.symlink(world, link)
     with pytest.raises(boundary.BoundaryError):
         unit_checkpoint.open_gate(link, "vllm-0")
-    # the cache named as the word's owner: a folder, never a link to one
-    with pytest.raises(boundary.BoundaryError, match="not a folder"):
-        unit_checkpoint.write_word(world / "r2", "vllm-0", 1, "cold -", link)
+    # a word for a process that is gone is written for no one
+    with pytest.raises(OSError):
+        unit_checkpoint.write_word(world / "r2", "vllm-0", 2**22 + 1, "cold -")
 
 
 def test_a_fifo_as_the_take_record_or_the_manifest_is_refused_at_once(world: Path) -> None:

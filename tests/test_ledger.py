@@ -221,3 +221,50 @@ def test_a_ready_steps_rows_ship_only_without_sleep_mode(tmp_path: Path) -> None
     series, _ = ledger.load(tmp_path)
     assert {s.label: s.as_ships for s in series} == {
         "img-bundle": True, "ck-cold": False, "ck-checkpoint": False, "ck-restart": False}
+
+
+def _ready(start: dict[str, object], order: list[object] | None = None) -> dict[str, object]:
+    return _good() | {"machines": {"m": {"tier": "h100", "ready": {"r": {
+        "order": order if order is not None else ["cold"], "starts": {"cold": start}}}}}}
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    (_good() | {"machines": {"m": {"tier": "h100", "ready": [1]}}}, r"ready is not"),
+    (_good() | {"machines": {"m": {"tier": "h100", "ready": {"r": "cold"}}}}, r"ready\.r is not"),
+    (_ready({"answered_s": "abc", "phases": []}), r"starts\.cold\.answered_s is 'abc'"),
+    (_ready({"answered_s": 10.0, "phases": [["compile"]]}), r"phases holds \['compile'\]"),
+    (_ready({"answered_s": 10.0, "phases": [["compile", "x"]]}), r"phases\.compile is 'x'"),
+    (_ready({"answered_s": 10.0, "phases": [["compile", -1.0]]}), r"phases\.compile is -1\.0"),
+    (_ready({"answered_s": 1.0}, order=[1]), r"ready\.r\.order is not a list of start names"),
+])
+def test_a_ready_record_off_its_shape_is_one_error_naming_the_field(
+        tmp_path: Path, doc: dict[str, object], field: str) -> None:
+    (tmp_path / "2026-01-01-x.json").write_text(json.dumps(doc))
+    with pytest.raises(ledger.LedgerError,
+                       match=r"^2026-01-01-x\.json: machines\.m\.(.*\.)?" + field + ".*Fix:"):
+        ledger.records(tmp_path)
+
+
+HOSTILE = ["m | 0.1 | x", "cold | 0.1 | 0.1 |\n| image, fake row", "## Runs", "<b>x</b>",
+           "[x](https://evil.example)", "a\u2028b", "\u202eevil", "x](y) [z"]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_a_records_text_is_text_on_the_page(tmp_path: Path, text: str) -> None:
+    """A record's title, note, machine names, start names and file name reach
+    docs/benchmarks.md as text in a heading or a cell: no row, heading, tag or link of their
+    own (read back by a CommonMark parser with GitHub's tables)."""
+    from markdown_it import MarkdownIt
+    doc = _good() | {"title": f"t {text}", "note": f"n {text}",
+                     "tiers": {f"m {text}": "h100"},
+                     "machines": {f"m {text}": {"tier": "h100", "ready": {"r": {
+                         "order": [f"cold {text}"],
+                         "starts": {f"cold {text}": {"answered_s": 1.0, "phases": []}}}}}}}
+    (tmp_path / "2026-01-01-x.json").write_text(json.dumps(doc))
+    recs = ledger.records(tmp_path)
+    page = ledger.benchmarks_md([], recs, [], ["h100"], ledger.ready_starts(recs))
+    html = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(page)
+    for tag in ("<a href=\"https://evil", "<b>", "fake row</td>"):
+        assert tag not in html, page
+    assert html.count("<h2>") == page.count("\n## ") + page.startswith("## "), page
+    assert html.count("<tr>") == 2, "one header row and one start row"

@@ -231,7 +231,7 @@ def test_a_fleet_router_serves_no_instance_and_waits_for_workers_on_its_private_
     fleet.write_text('{"fleet": "f", "role": "boss"}')
     r = run_unit(tmp_path, "router")
     assert "--host 127.0.0.1 --port 8001 " in r.stdout and "--worker-urls" in r.stdout
-    assert "'role' is 'boss': write worker, router, head or node" in r.stderr
+    assert "'role' is 'boss', not a role. Fix: write worker, router, head or node" in r.stderr
     fw = (ROOT / "roles/firewall/templates/etc/nftables.conf.j2").read_text()
     xv = json.loads((tmp_path / "ansible/extra-vars.json").read_text())
     assert xv["firewall_fleet_router_tcp_port"] == 8001

@@ -10,6 +10,7 @@ docs/benchmarks/charts.json, with the reason for any row left out of a chart."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from typing import Any
 
 from inference_image.profiles import ProfileErrors, list_tiers, project_root, resolve
 from inference_machine.inputs import InputError, printable, read_json
+from inference_machine.writers import markdown_link, markdown_text
 
 from . import ready_chart
 from .proof_plan import READY_STARTS
@@ -126,12 +128,58 @@ def check(name: str, doc: Any) -> Record:
                       "machine, by the machine's name")
         if not isinstance(tiers, dict) or set(tiers) != set(machines):
             raise bad("tiers", "does not name a tier for each machine", "one tier per machine")
+        for machine, proof in machines.items():
+            if (why := ready_problem(proof.get("ready"))) is not None:
+                field_, what = why
+                raise bad(f"machines.{printable(machine, 60)}.ready{field_}", what,
+                          "write it as `inference-lab proof step ready` does: {LABEL: {\"order\": "
+                          "[START...], \"starts\": {START: {\"answered_s\": SECONDS, \"phases\": "
+                          "[[NAME, SECONDS]...]}}}}")
     else:
         if run is not None:
             raise bad("run", "is set on a record that is not a proof", "leave it out")
         if not isinstance(doc.get("data"), dict):
             raise bad("data", "is not an object", "put what was measured under \"data\"")
     return Record(name, kind, date, doc["title"].strip(), " ".join(doc["note"].split()), run, doc)
+
+
+def _seconds_problem(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return f"is {printable(repr(v), 40)}, not a number of seconds"
+    if not math.isfinite(v) or v < 0:
+        return f"is {v!r}, not a finite number of seconds of 0 or more"
+    return None
+
+
+def ready_problem(ready: Any) -> tuple[str, str] | None:
+    """Where a proof's `ready` (proof_ready's starts, the ready table's rows) is not what the
+    lab writes, and what is wrong: (the field under it, why); None when it is (or is absent)."""
+    if ready is None:
+        return None
+    if not isinstance(ready, dict):
+        return "", "is not an object"
+    for label, rec in ready.items():
+        at = f".{printable(label, 60)}"
+        if not isinstance(rec, dict):
+            return at, "is not an object"
+        order, starts = rec.get("order", []), rec.get("starts", {})
+        if not isinstance(order, list) or not all(isinstance(x, str) for x in order):
+            return f"{at}.order", "is not a list of start names"
+        if not isinstance(starts, dict) or not all(isinstance(e, dict) for e in starts.values()):
+            return f"{at}.starts", "is not an object of starts"
+        for state, e in starts.items():
+            where = f"{at}.starts.{printable(state, 60)}"
+            if "answered_s" in e and (why := _seconds_problem(e["answered_s"])):
+                return f"{where}.answered_s", why
+            phases = e.get("phases", [])
+            if not isinstance(phases, list):
+                return f"{where}.phases", "is not a list of [name, seconds]"
+            for ph in phases:
+                if not (isinstance(ph, list) and len(ph) == 2 and isinstance(ph[0], str)):
+                    return f"{where}.phases", f"holds {printable(repr(ph), 60)}, not [name, seconds]"
+                if why := _seconds_problem(ph[1]):
+                    return f"{where}.phases.{printable(ph[0], 40)}", why
+    return None
 
 
 def records(path: Path) -> list[Record]:
@@ -204,9 +252,9 @@ def table(tier: str, series: list[Series]) -> str:
             + " | ".join(f"c={c}" for c in CONCURRENCY) + " |\n|---|---|---|"
             + "---|" * len(CONCURRENCY) + "\n")
     body = "".join(
-        f"| [{s.run}](benchmarks/{s.record}) | {s.machine}"
-        + (f" ({s.gpu.removeprefix('NVIDIA ')})" if s.gpu else "") + " | "
-        f"{s.config()} | "
+        f"| {markdown_link(s.run, f'benchmarks/{s.record}')} | {_md(s.machine)}"
+        + (f" ({_md(s.gpu.removeprefix('NVIDIA '))})" if s.gpu else "") + " | "
+        f"{_md(s.config())} | "
         + " | ".join(_fmt(s.rows.get(c, {}).get("tok_s")) for c in CONCURRENCY) + " |\n"
         for s in series if s.tier == tier)
     return head + body
@@ -326,7 +374,7 @@ def _machines(rec: Record) -> str:
     for name, proof in rec.doc["machines"].items():
         gpu = str((proof.get("info") or {}).get("gpu", "")).removeprefix("NVIDIA ")
         parts.append(f"{name} ({gpu})" if gpu else name)
-    return ", ".join(parts)
+    return markdown_text(", ".join(parts))
 
 
 def _cell(v: Any) -> str:
@@ -342,8 +390,8 @@ def _cell(v: Any) -> str:
 
 
 def _md(v: object) -> str:
-    """Text from a record as one Markdown table cell: printable, its pipes escaped."""
-    return printable(v, 500).replace("|", "\\|")
+    """Text from a record in a table cell or a heading: text alone (writers.markdown_text)."""
+    return markdown_text(v, 500)
 
 
 def data_table(data: dict[str, Any]) -> str:
@@ -392,8 +440,9 @@ def benchmarks_md(series: list[Series], recs: list[Record], chs: list[Chart],
         out.append(f"## {heading}\n")
         for r in these:
             where = f" · {_machines(r)}" if kind == "proof" else ""
-            out.append(f"### {r.heading()}\n\n**{r.title}** · {r.date}{where} · "
-                       f"[record](benchmarks/{r.name})\n\n{r.note}\n")
+            out.append(f"### {markdown_text(r.heading())}\n\n**{markdown_text(r.title)}** · "
+                       f"{r.date}{where} · {markdown_link('record', f'benchmarks/{r.name}')}"
+                       f"\n\n{markdown_text(r.note, 100_000)}\n")
             if kind != "proof" and (rows := data_table(r.doc["data"])):
                 out.append(rows)
     return "\n".join(out)

@@ -104,6 +104,15 @@ def _rates_arg(s: str) -> str:
     return s
 
 
+def _folder_arg(s: str) -> str:
+    """A folder the lab writes into: named (an empty name would silently mean none)."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("is empty, which would mean no weight files (dummy "
+                                         "weights). Fix: pass a directory path, or leave the "
+                                         "option out")
+    return s
+
+
 def _runner(args: argparse.Namespace, plan: Plan) -> Runner:
     for flag, raw in (("--out", args.out), ("--work", args.work)):
         path = Path(raw)
@@ -416,7 +425,7 @@ def _step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-triton", action="store_true",
                    help="ready: record the Triton kernels the render's first start compiles as "
                    "the tier's list (kernels-<tier>.json) for the build's precompile")
-    p.add_argument("--weight-files", metavar="DIR",
+    p.add_argument("--weight-files", metavar="DIR", type=_folder_arg,
                    help="the render's models get stand-in weight files of their real names and "
                    "shapes under DIR (a tmpfs that holds the models' weights), read instead of "
                    "dummy weights: what a checkpoint that reads its weights again from the "

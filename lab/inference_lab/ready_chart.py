@@ -10,6 +10,7 @@ from typing import Any
 
 from inference_machine import PHASES
 from inference_machine.checkpoint import RESTORE_PHASES
+from inference_machine.writers import markdown_text
 
 from .proof_plan import READY_STARTS, RESTORED
 
@@ -116,7 +117,7 @@ def table(rows: list[Start]) -> str:
     head += "|---|---|" + "---|" * len(cols) + "\n"
     for s in rows:
         ph = dict(s.phases)
-        head += (f"| {s.name()}, run {s.run} | {s.answered_s:.1f} | "
+        head += (f"| {markdown_text(s.name())}, run {s.run} | {s.answered_s:.1f} | "
                  + " | ".join(f"{ph[p]:.1f}" if p in ph else "-" for p in cols) + " |\n")
     return head
 
@@ -129,8 +130,9 @@ def pyplot() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # a record's names are drawn as written: `$...$` in one is no mathtext to parse (or fail on)
     plt.rcParams.update({"svg.hashsalt": "inference-image", "svg.fonttype": "none",
-                         "font.size": 9})
+                         "font.size": 9, "text.parse_math": False})
     return plt
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import boundary
 from .bundle import _now
+from .inputs import Refused, finite
 
 # ---- a start's anatomy ------------------------------------------------------------------------
 
@@ -70,8 +71,8 @@ def anatomy(lines: Iterable[tuple[float, str]], ready_s: float | None = None,
             if name not in moments or (last and not later):
                 moments[name] = round(t, 2)
         for name, pat in REPORTED:
-            if m := re.search(pat, line):
-                reported[name] = round(reported.get(name, 0.0) + float(m.group(1)), 2)
+            if (m := re.search(pat, line)) and (v := _number(m.group(1))) is not None:
+                reported[name] = round(reported.get(name, 0.0) + v, 2)
         for name, pat in SAID:
             if m := re.search(pat, line):
                 if name == "loaded_compiled":
@@ -100,6 +101,15 @@ def anatomy(lines: Iterable[tuple[float, str]], ready_s: float | None = None,
 _MONO = re.compile(r"^\[\s*([0-9]+\.[0-9]+)\]\s?(.*)$")
 
 
+def _number(text: str) -> float | None:
+    """A finite number of seconds from a log line, None for what is not one (a 400-digit stamp
+    is an infinity, '1.2.3' no number): such a line is skipped, never an error or NaN in JSON."""
+    try:
+        return finite(text, "time", 0.0, 1e12)
+    except Refused:
+        return None
+
+
 def journal_lines(text: str, since: float) -> list[tuple[float, str]]:
     """(seconds after `since`, message) from `journalctl -o short-monotonic` output."""
     out = []
@@ -107,11 +117,11 @@ def journal_lines(text: str, since: float) -> list[tuple[float, str]]:
         # what the phases read sits at a line's start: a longer line is cut, so a start that logs
         # long lines cannot slow the banner that reads them
         raw = raw[:MAX_LINE]
-        if m := _MONO.match(raw):
+        if (m := _MONO.match(raw)) and (t := _number(m.group(1))) is not None:
             rest = m.group(2)
             # short-monotonic: "[ 123.456789] host unit[pid]: message"
             msg = rest.split(": ", 1)[1] if ": " in rest else rest
-            out.append((float(m.group(1)) - since, msg))
+            out.append((t - since, msg))
     return out
 
 
@@ -120,7 +130,8 @@ def journal_lines(text: str, since: float) -> list[tuple[float, str]]:
 def _systemctl_show(unit: str) -> dict[str, str]:
     out = subprocess.run(["systemctl", "show", unit, "-p", "InvocationID",
                           "-p", "ExecMainStartTimestampMonotonic"],
-                         capture_output=True, text=True, timeout=30, check=False).stdout
+                         capture_output=True, text=True, errors="replace", timeout=30,
+                         check=False).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -163,7 +174,9 @@ DOING = {"": "importing Python", "api_imported": "configuring the engine",
 
 def _invocation(instance: str) -> tuple[float, str] | None:
     show = _systemctl_show(f"vllm@{instance}.service")
-    start = int(show.get("ExecMainStartTimestampMonotonic") or 0) / 1e6
+    us = show.get("ExecMainStartTimestampMonotonic", "")
+    # systemd's microseconds; anything else is no start time (the unit not started)
+    start = int(us) / 1e6 if re.fullmatch(r"[0-9]{1,19}", us) else 0.0
     inv = show.get("InvocationID", "")
     return (start, inv) if start and re.fullmatch(r"[0-9a-f]{32}", inv) else None
 
@@ -171,7 +184,8 @@ def _invocation(instance: str) -> tuple[float, str] | None:
 def _journal(inv: str) -> str:
     return subprocess.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={inv}", "-o",
                            "short-monotonic", "--no-pager", "-n", str(MAX_LINES)],
-                          capture_output=True, text=True, timeout=60, check=False).stdout
+                          capture_output=True, text=True, errors="replace", timeout=60,
+                          check=False).stdout
 
 
 # how much of a start's journal is read: its phases' marks are a few dozen lines

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import boundary
-from .inputs import parse_json
+from .inputs import InputError, parse_json, read_bytes, read_json
 
 SCHEMA = 1
 # what a start writes beside its model, by folder under the cache root (render.vllm_env names them)
@@ -136,13 +136,23 @@ def plugin_digest(site: Path | None) -> str:
     return h.hexdigest()[:16]
 
 
+PROFILE_MAX = 16 * 2**20
+CONFIG_MAX = 16 * 2**20
+
+
 def profile_digest(profile_json: Path | None) -> str:
     if profile_json is None:
         return "none"
     try:
-        return str(json.loads(profile_json.read_text())["profile_sha256"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BundleError(f"{profile_json}: no profile digest ({exc})") from None
+        digest = read_json(profile_json, "profile.json", PROFILE_MAX,
+                           "name the render's profile.json")
+    except InputError as exc:
+        raise BundleError(str(exc)) from None
+    sha = digest.get("profile_sha256") if isinstance(digest, dict) else None
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{8,64}", sha):
+        raise BundleError(f"{profile_json}: no profile digest (profile_sha256). Fix: name the "
+                          "render's profile.json")
+    return sha
 
 
 def config_digest(model: str | None) -> str:
@@ -150,8 +160,9 @@ def config_digest(model: str | None) -> str:
     if not model:
         return "none"
     try:
-        return hashlib.sha256(Path(model, "config.json").read_bytes()).hexdigest()[:16]
-    except OSError:
+        return hashlib.sha256(read_bytes(Path(model, "config.json"), "config.json",
+                                         CONFIG_MAX)).hexdigest()[:16]
+    except InputError:
         return "unreadable"
 
 
@@ -266,13 +277,19 @@ def _safe_member(m: tarfile.TarInfo) -> str | None:
         return f"a path outside {', '.join(CACHE_PARTS)}"
     if not (m.isreg() or m.isdir()):
         return "a link or device"
+    if len(p.parts) == 1 and not m.isdir():
+        return "a file where a cache part's folder goes"
     return None
 
 
 def read_bundle_manifest(tar: tarfile.TarFile, bundle: Path) -> dict[str, Any]:
     first = tar.next()
-    if first is None or first.name != MANIFEST or not first.isreg() or first.size > MAX_MANIFEST:
+    if first is None or first.name != MANIFEST or not first.isreg():
         raise BundleError(f"{bundle}: no {MANIFEST} first: not a bundle `inference-startup "
+                          "make` wrote")
+    if first.size > MAX_MANIFEST:
+        raise BundleError(f"{bundle}: its {MANIFEST} is {first.size / 2**20:.0f} MiB, larger "
+                          f"than {MAX_MANIFEST // 2**20} MiB: not a bundle `inference-startup "
                           "make` wrote")
     fh = tar.extractfile(first)
     try:
@@ -299,6 +316,12 @@ def _checked_manifest(manifest: Any, where: str) -> dict[str, Any]:
             raise BundleError(f"{where}: {MANIFEST} names {rel!r}, {why}")
     if sum(e[0] for e in files.values()) > MAX_BYTES:
         raise BundleError(f"{where}: more than {MAX_BYTES // 2**30} GiB of files")
+    # what `show` and the install's line print: `make` writes a count and a time
+    size, made = manifest.get("bytes", 0), manifest.get("made", "")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0 or \
+            not isinstance(made, str) or len(made) > 64:
+        raise BundleError(f"{where}: {MANIFEST}'s bytes or made is not what `inference-startup "
+                          "make` writes (a count of bytes, a time)")
     return manifest
 
 
@@ -445,25 +468,21 @@ def _install(fd: int, name: str, cache_path: str) -> dict[str, Any]:
         if missing:
             raise BundleError(f"{bundle}: {len(missing)} file(s) of its manifest are missing, "
                               f"e.g. {sorted(missing)[0]}")
+        # a folder (or anything but a file) where the manifest goes is removed before any part
+        # is touched: the install either ends with its manifest or leaves the parts as they were
+        if os.path.lexists(cache / MANIFEST) and not stat.S_ISREG(os.lstat(cache / MANIFEST).st_mode):
+            boundary.remove(cache / MANIFEST)
         for part in CACHE_PARTS:
             kept = BUILD_OWNED.get(part, ())
             _empty(cache / part, kept)
             if (stage / part).exists():
                 if (cache / part).is_dir() and not (cache / part).is_symlink():
-                    # into the folder the build made (its owner and mode stay), not over it
+                    # into the folder the build made (its owner and mode stay), not over it; what
+                    # the build itself made there (a bundle made before BUILD_OWNED carries its
+                    # own copy) stays the build's, the bundle's copy is dropped
                     for child in (stage / part).iterdir():
-                        dest = cache / part / child.name
-                        if child.name in kept and dest.is_dir() and not dest.is_symlink() \
-                                and child.is_dir():
-                            # the build's own, which a bundle made before BUILD_OWNED carries
-                            # too: its files join the build's
-                            for f in child.rglob("*"):
-                                if f.is_file():
-                                    (dest / f.relative_to(child)).parent.mkdir(
-                                        parents=True, exist_ok=True)
-                                    f.replace(dest / f.relative_to(child))
-                            continue
-                        child.rename(dest)
+                        if child.name not in kept:
+                            child.rename(cache / part / child.name)
                 else:
                     (stage / part).rename(cache / part)
         _write_json(cache / MANIFEST, {**manifest, "installed": _now()})

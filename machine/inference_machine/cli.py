@@ -18,7 +18,7 @@ from .banner import Machine, motd
 from .bounded_http import fetch
 from .bundle import BundleError, NothingCompiled, check, describe, install, machine_key, make, seal
 from .fleetfile import FleetFileError, role_line
-from .inputs import printable
+from .inputs import Port, Refused, finite, printable
 from .prepare import inspect_models, precompile_kernels, prefetch, prefetch_roots
 
 # ---- command line ----------------------------------------------------------------------------
@@ -36,9 +36,40 @@ def _key_args(p: argparse.ArgumentParser) -> None:
 
 def _port_or_none(s: str) -> str:
     """notify's port: 1-65535, or '' for an instance with none (a pipeline stage's node)."""
-    if s and not (s.isascii() and s.isdigit() and len(s) <= 5 and 1 <= int(s) <= 65535):
-        raise argparse.ArgumentTypeError(f"{printable(s, 40)!r} is not a port (1-65535)")
-    return s
+    try:
+        return str(Port.parse(s)) if s else s
+    except Refused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _pid(s: str) -> int:
+    """A process id: 1 or more (0 and -1 name process groups and every process to kill())."""
+    if not (s.isascii() and s.isdigit() and len(s) <= 10 and int(s) >= 1):
+        raise argparse.ArgumentTypeError(f"{printable(s, 20)!r} is not a process id. Fix: a "
+                                         "whole number of 1 or more")
+    return int(s)
+
+
+def _pid_or_zero(s: str) -> int:
+    return 0 if s == "0" else _pid(s)
+
+
+def _seconds(s: str) -> float:
+    """A time in seconds from the command line: finite, 0 or more (never nan, inf or negative,
+    which would make a wait end at once or never)."""
+    try:
+        return finite(s, "time in seconds", 0.0, 10 * 365 * 86400.0)
+    except Refused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _interval(s: str) -> float:
+    """A poll interval: as _seconds, and more than 0 (a loop of 0 s spins)."""
+    v = _seconds(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"the interval {printable(s, 20)!r} is not more than 0 "
+                                         "seconds. Fix: give a positive number")
+    return v
 
 
 # ---- each command: its arguments' parser, then what it does (0 or an exit status) ------------
@@ -140,6 +171,19 @@ def _notify(args: argparse.Namespace) -> int:
             r"|head|node:[A-Za-z0-9._-]{1,255}:[0-9]{1,5}", args.watch):
         _say("inference-startup: notify: runs beside a Type=notify unit (NOTIFY_SOCKET set), "
              "--watch '', head or node:HOST:PORT. Fix: let the unit's inference-run start it",
+             file=sys.stderr)
+        return 2
+    if args.watch.startswith("node:"):
+        try:
+            Port.parse(args.watch.rsplit(":", 1)[1], "head's rendezvous port")
+        except Refused as exc:
+            _say(f"inference-startup: notify: --watch: {exc}", file=sys.stderr)
+            return 2
+    elif not args.port:
+        # READY=1 says the instance answers: only a node's stage, which serves no port, is ready
+        # without asking one
+        _say("inference-startup: notify: no port to ask /health on, and this is no node's stage "
+             "(--watch node:HOST:PORT). Fix: give the instance's port (its --port argument)",
              file=sys.stderr)
         return 2
     notify.run(args.port, args.watch, args.pid, args.model,
@@ -290,11 +334,11 @@ def _start_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                        "then the watch of a multi-machine instance's other stages")
     p.add_argument("port", type=_port_or_none, help="the instance's port ('' if it has none)")
     p.add_argument("--watch", default="", help='"", "head" or "node:HOST:PORT"')
-    p.add_argument("--pid", type=int, required=True, help="the instance's process")
+    p.add_argument("--pid", type=_pid, required=True, help="the instance's process")
     p.add_argument("--model", default="", help="the served model name (the head's probe)")
     for name, default in (("stall-s", 60.0), ("probe-every-s", 30.0), ("poll-s", 5.0),
                           ("stop-timeout-s", 15.0)):
-        p.add_argument(f"--{name}", type=float, default=default)
+        p.add_argument(f"--{name}", type=_interval, default=default)
     p.set_defaults(handler=_notify)
     p = sub.add_parser("ready", help="a vLLM unit's start that just became ready: its phases to "
                        "the journal and the machine's endpoint.json (ExecStartPost)")
@@ -326,17 +370,17 @@ def _start_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                        ("run", "where the word to the main process and the gate's flag go")):
         p.add_argument(f"--{name}", type=Path, required=True, help=what)
     p.add_argument("--criu", required=True, help="CRIU's binary")
-    p.add_argument("--pid", type=int, default=0, help="the start's main process (without "
+    p.add_argument("--pid", type=_pid_or_zero, default=0, help="the start's main process (without "
                    "systemd; default: vllm@INSTANCE's MainPID)")
-    p.add_argument("--start-timeout-s", type=float, default=1800.0)
+    p.add_argument("--start-timeout-s", type=_interval, default=1800.0)
     p.set_defaults(handler=_checkpoint)
     p = sub.add_parser("follow", help="stand for a restored instance (not this process's child) "
                        "until it exits, handing it the stop signals")
-    p.add_argument("pid", type=int)
+    p.add_argument("pid", type=_pid)
     p.set_defaults(handler=_follow)
     p = sub.add_parser("phases", help="a start's phases from `journalctl -o short-monotonic`")
-    p.add_argument("--since-monotonic", type=float, default=0.0)
-    p.add_argument("--ready-s", type=float)
+    p.add_argument("--since-monotonic", type=_seconds, default=0.0)
+    p.add_argument("--ready-s", type=_seconds)
     p.set_defaults(handler=_phases)
 
 
@@ -355,8 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.handler(args))
-    except (BundleError, rendered.RenderedError) as exc:
+    except (BundleError, rendered.RenderedError, FleetFileError, Refused) as exc:
         _say(f"inference-startup: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # a path that is not what it must be (boundary's refusals), a full or read-only disk, a
+        # process gone or another user's: one line naming it, never a traceback
+        _say(f"inference-startup: {args.cmd}: {exc}. Fix: the cause named above", file=sys.stderr)
         return 1
 
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from .bounded_http import fetch
+from .inputs import Refused, finite
 
 
 @dataclass
@@ -71,8 +72,13 @@ def stop(pid: int, why: str, limits: Limits) -> None:
 
 
 def _total(text: str, pattern: str) -> float:
-    return sum(float(v) for v in re.findall(r"^" + pattern + r"(?:\{[^}]*\})? ([0-9.e+]+)$",
-                                            text, re.M))
+    """The sum of the samples of the series `pattern` names: a sample that is no finite number
+    of 0 or more (an exporter's NaN, a garbled line) is skipped, as a missing one is."""
+    total = 0.0
+    for v in re.findall(r"^" + pattern + r"(?:\{[^}]*\})? (\S+)$", text, re.M):
+        with contextlib.suppress(Refused):
+            total += finite(v, "sample", 0.0, 1e15)
+    return total
 
 
 def watch_head(port: str, pid: int, model: str, limits: Limits) -> None:

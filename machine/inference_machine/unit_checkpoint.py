@@ -37,6 +37,7 @@ from pathlib import Path
 
 from . import boundary, checkpoint
 from .bounded_http import fetch
+from .bundle import BundleError
 from .checkpoint import CheckpointRefused, Criu, Timings
 from .inputs import printable
 
@@ -126,18 +127,22 @@ def main_pid(instance: str, wait_s: float = MAIN_PID_WAIT_S) -> int:
 def root_folder(run: Path) -> Path:
     """`run`, made if missing, as a folder of root's that no one else can write (root's own
     state lives there: boundary's rule); BoundaryError otherwise."""
-    run.mkdir(parents=True, exist_ok=True, mode=0o755)
-    st = os.lstat(run)
+    try:
+        run.mkdir(parents=True, exist_ok=True, mode=0o755)
+        st = os.lstat(run)
+    except OSError as exc:
+        raise boundary.BoundaryError(f"{run}: {exc.strerror or exc}: refused") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise boundary.BoundaryError(f"{run}: not a folder of this user's alone: refused")
     return run
 
 
-def write_word(run: Path, instance: str, pid: int, word: str, owner: Path) -> None:
-    """The word for main process `pid`, readable by the user who owns the folder `owner` alone
-    (the instance's: a cold word holds the gate's token), written whole."""
+def write_word(run: Path, instance: str, pid: int, word: str) -> None:
+    """The word for main process `pid`, readable by that process's user alone (a cold word
+    holds the gate's token), written whole. Its reader is asked of the process itself, not of a
+    file the unit names: whatever the unit's files say (or lack), the start can read its word."""
     boundary.write_file(root_folder(run) / WORD.format(instance=instance),
-                        f"{pid} {word}\n".encode(), 0o400, boundary.folder_owner(owner))
+                        f"{pid} {word}\n".encode(), 0o400, checkpoint.process_ids(pid))
 
 
 def open_gate(run: Path, instance: str) -> None:
@@ -213,8 +218,20 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         say(instance, f"no main process of vllm@{instance} after {MAIN_PID_WAIT_S:.0f} s: "
             "nothing to restore or take")
         return 1
-    for stale in (WORD, GATE_OPEN):
-        boundary.remove(root_folder(run) / stale.format(instance=instance))
+    try:
+        for stale in (WORD, GATE_OPEN):
+            boundary.remove(root_folder(run) / stale.format(instance=instance))
+        return _helper(instance, units, store, run, criu_bin, pid, systemd, start_timeout_s)
+    except OSError as exc:
+        # the word's folder or the main process itself is not what it must be: said once; the
+        # start waits its word's time, then starts without a checkpoint
+        say(instance, f"says nothing to the start ({exc}); it starts without a checkpoint once "
+            "its wait for a word ends")
+        return 1
+
+
+def _helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str, pid: int,
+            systemd: bool, start_timeout_s: float) -> int:
     try:
         env = unit_env(units, instance)
         if not systemd:  # started by inference-run: its environment, overrides and all
@@ -224,7 +241,7 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
     except (OSError, ValueError, KeyError) as exc:
         say(instance, f"starts without a checkpoint: its unit files do not say where it serves "
             f"({exc})")
-        write_word(run, instance, pid, "cold -", units / f"{instance}.env")
+        write_word(run, instance, pid, "cold -")
         return 0
     # the key reads the instance's environment as inference-run exports it (its GPUs, its vLLM,
     # its models)
@@ -237,7 +254,7 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
     try:
         key = checkpoint.checkpoint_key(cache, profile_json if profile_json.is_file() else None,
                                         units, instance, criu_bin)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, BundleError) as exc:
         key = {}
         say(instance, f"no checkpoint key ({exc})")
     t = Timings()
@@ -255,17 +272,20 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
             f"restore failed: {type(exc).__name__}: {exc}"
         if os.path.lexists(dest) and not isinstance(exc, NotHere) and \
                 not why.startswith("no checkpoint at"):
+            # a link in the checkpoint's place is unlinked, what it points to left alone (root
+            # removes nothing through a link): said as what was done
+            why += "; the link in its place unlinked, what it points to left as it is" if \
+                os.path.islink(dest) else "; removed"
             boundary.remove(dest)
-            why += "; removed"
         say(instance, f"starts without its checkpoint: {why}")
     else:
         open_gate(run, instance)
-        write_word(run, instance, pid, f"restored {head}", cache)
+        write_word(run, instance, pid, f"restored {head}")
         say(instance, f"restored in {sum(s for _, s in t.phases):.1f} s, its reference answer "
             f"as before ({phases_line(t.phases)}); head pid {head}")
         return 0
     token = secrets.token_hex(16)
-    write_word(run, instance, pid, f"cold {token}", cache)
+    write_word(run, instance, pid, f"cold {token}")
     try:
         if not key or not criu_ok:
             return 0  # nothing to take one with: the gate opens at once
@@ -304,6 +324,12 @@ def follow(pid: int) -> int:
     stop signals go to it, and this returns once it has exited (1 unless it was asked to stop)."""
     try:
         fd = os.pidfd_open(pid)
+        os.kill(pid, 0)  # may this process signal it (its stop must reach the instance)
+    except PermissionError:
+        print(f"inference-startup: follow: process {pid} is another user's: this process cannot "
+              "signal it, so its unit could not stop it. Fix: the restored instance runs as the "
+              "unit's user", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"inference-startup: follow: no process {pid} ({exc})", file=sys.stderr)
         return 1
@@ -312,7 +338,7 @@ def follow(pid: int) -> int:
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopped
         stopped = stopped or signum in (signal.SIGTERM, signal.SIGINT)
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -112,17 +112,27 @@ def subject_alt_names(dns: Sequence[Hostname], ips: Sequence[IPAddress]) -> str:
 
 # ---- Markdown (the evidence ledger) -----------------------------------------------------------
 
-# what CommonMark and GitHub read as structure inside a line: emphasis, code, links and images,
-# raw HTML and entities, table cells, headings, strikethrough; each is backslash-escaped (any
-# ASCII punctuation may be), `&` and `<` also as entities never start
-MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~&{}()])")
+# what CommonMark and GitHub read as structure inside a line: emphasis, links and images (their
+# brackets: a parenthesis or `!` alone makes none), raw HTML and entities, table cells, a
+# heading's closing #s, strikethrough; each is backslash-escaped (any ASCII punctuation may be),
+# so `&` and `<` never start an entity or a tag
+MD_SPECIAL = re.compile(r"([\\*_\[\]<>|#~&])")
+# an inline code span: Markdown shows what is inside as it is (no link, tag or emphasis), so a
+# record's `command` stays code; only a cell's `|` is escaped there (GFM splits cells first)
+CODE_SPAN = re.compile(r"(`+)([^`]+?)\1(?!`)")
 
 
 def markdown_text(value: object, limit: int = 2000) -> str:
     """Text from a record as Markdown that shows exactly that text, on one line: control,
-    format and separator characters made visible escapes (inputs.printable), and every
-    character Markdown or HTML reads as structure backslash-escaped."""
-    return MD_SPECIAL.sub(r"\\\1", printable(value, limit))
+    format and separator characters made visible escapes (inputs.printable), every character
+    Markdown or HTML reads as structure backslash-escaped, code spans kept as code."""
+    text, out, at = printable(value, limit), [], 0
+    for m in CODE_SPAN.finditer(text):
+        out.append(MD_SPECIAL.sub(r"\\\1", text[at:m.start()]).replace("`", "\\`"))
+        out.append(m.group(0).replace("|", "\\|"))
+        at = m.end()
+    out.append(MD_SPECIAL.sub(r"\\\1", text[at:]).replace("`", "\\`"))
+    return "".join(out)
 
 
 def markdown_link(text: object, target: str) -> str:

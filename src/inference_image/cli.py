@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -191,14 +193,30 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
     console script runs its commands the same way."""
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a full disk or a closed reader shows here, not at the exit
+        return code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        _drop_stdout()
         return 0
     except (*ONE_LINE_ERRORS, *one_line) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        # the output or a file cannot be written (a full disk, /dev/full, a read-only folder):
+        # one line, and what is left in the output's buffer dropped, not raised again at exit
+        _drop_stdout()
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: cannot write or read{where}: {exc.strerror or exc}. Fix: free space or "
+              "write elsewhere", file=sys.stderr)
+        return 1
+
+
+def _drop_stdout() -> None:
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (lives as long as the process)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

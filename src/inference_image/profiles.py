@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from inference_image_vllm import triton_kernels
 from inference_machine.inputs import InputError, read_text
 
 from . import memory
@@ -509,6 +510,15 @@ def _check_models(p: Profile, catalog: Catalog, err: ErrFn, catalog_file: str
     return target, draft
 
 
+# serving fields a GPU tier's render writes and the cpu tier's does not: (field, its default,
+# what it does); the plugin's FP8 and Triton attention fields are refused by what they need
+GPU_ONLY: tuple[tuple[str, object, str], ...] = (
+    ("engine_process", "spawn", "a forked engine core is a GPU tier's start"),
+    ("parallel_compile", False, "a pool compiling Inductor's Triton kernels is for GPU kernels"),
+    ("triton_precompile", False, "the build compiles a GPU tier's recorded Triton kernels"),
+)
+
+
 def _check_hardware(p: Profile, target: CatalogModel | None, err: ErrFn, catalog_file: str
                     ) -> None:
     """What the GPU (or its absence) allows: FP8, FlashAttention 3 and what rides on it."""
@@ -530,6 +540,12 @@ def _check_hardware(p: Profile, target: CatalogModel | None, err: ErrFn, catalog
         if s.early_first_token:
             err("serving.early_first_token", "the rule is part of the project's vLLM plugin, "
                 "which the cpu tier's vLLM does not load", "set serving.early_first_token: false")
+        # what a GPU tier's render turns into a switch the cpu tier's render does not write: a
+        # value here would be accepted and serve nothing of it
+        for name, off, why in GPU_ONLY:
+            if getattr(s, name) != off:
+                err(f"serving.{name}", f"{why}, which the cpu tier's render does not set",
+                    f"leave serving.{name} out of a cpu profile (its default: {off})")
         if spec.method == "ngram_gpu":
             err("model.speculative.method", "ngram_gpu matches n-grams on a GPU, and the cpu tier "
                 "has none", "use method: ngram (the same lookup on the host)")
@@ -597,10 +613,10 @@ def _check_kernel_list(p: Profile, err: ErrFn) -> None:
             f"({KERNEL_LISTS}/{p.tier}.json)", record)
         return
     try:
-        recorded = json.loads(path.read_text()).get("capability")
-    except (ValueError, AttributeError) as exc:
+        recorded = triton_kernels.load_path(path)["capability"]
+    except (OSError, ValueError) as exc:
         err("serving.triton_precompile", f"{KERNEL_LISTS}/{p.tier}.json is not a kernel list "
-            f"({exc})", record)
+            f"({str(exc).removeprefix(str(path) + ': ')})", record)
         return
     if recorded != p.hardware.compute_capability:
         err("serving.triton_precompile", f"{KERNEL_LISTS}/{p.tier}.json was recorded on compute "

@@ -219,18 +219,36 @@ def load(tier: str) -> dict[str, Any] | None:
     path = list_path(tier)
     if not path.is_file():
         return None
+    return load_path(path)
+
+
+def load_path(path: Path) -> dict[str, Any]:
+    """A recorded list read and checked: ValueError in one line naming the file and what is
+    wrong (too large, nested too deeply, another schema, a capability that is not a text like
+    "9.0", kernels that are not a list of {module, name, spec})."""
     if path.stat().st_size > MAX_LIST:
         raise ValueError(f"{path}: larger than {MAX_LIST // 2**20} MiB")
     try:
         # Triton's float constexprs (a mask's -inf) are written as json.dumps writes them
         doc = json.loads(path.read_text())
     except RecursionError:
-        raise ValueError(f"{path}: nested too deeply") from None
+        raise ValueError(f"{path}: nested more than {MAX_DEPTH} levels deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
     _depth(doc, MAX_DEPTH)
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a JSON object")
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: schema {doc.get('schema')!r}, this plugin reads {SCHEMA}")
+    cap = doc.get("capability")
+    if not isinstance(cap, str) or not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cap):
+        raise ValueError(f"{path}: capability is {cap!r}, not a compute capability written as "
+                         "text (e.g. \"9.0\")")
+    kernels = doc.get("kernels")
+    if not isinstance(kernels, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("module"), str) and
+            isinstance(e.get("name"), str) and isinstance(e.get("spec"), dict) for e in kernels):
+        raise ValueError(f"{path}: kernels is not a list of {{module, name, spec}} entries")
     return doc
 
 
