@@ -64,8 +64,8 @@ criu: setup ## CRIU's real dump and restore of a process tree (builds CRIU from 
 	@criu=$$(scripts/build-criu); rc=0; PROOF_CRIU=$$criu $(BIN)/pytest -q -m criu tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make criu: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-hostile: setup ## the hostile-input corpus (tests/hostile, 345 cases): each ends in a clear error or harmlessly (a few minutes)
-	@rc=0; $(BIN)/pytest -q -m hostile tests/test_hostile_corpus.py || rc=$$?; \
+hostile: setup ## the hostile-input corpora (v2: tests/hostile, 345 cases; v3: tests/hostile3, 250): each ends in a clear error or harmlessly (a few minutes)
+	@rc=0; $(BIN)/pytest -q -n 4 --dist loadgroup -m hostile tests/test_hostile_corpus.py tests/test_hostile_corpus_v3.py || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make hostile: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The molecule scenario's inputs, all from this machine: a Debian 12 systemd image from Debian's

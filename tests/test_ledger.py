@@ -236,6 +236,7 @@ def _ready(start: dict[str, object], order: list[object] | None = None) -> dict[
     (_ready({"answered_s": 10.0, "phases": [["compile", "x"]]}), r"phases\.compile is 'x'"),
     (_ready({"answered_s": 10.0, "phases": [["compile", -1.0]]}), r"phases\.compile is -1\.0"),
     (_ready({"answered_s": 1.0}, order=[1]), r"ready\.r\.order is not a list of start names"),
+    (_ready({"answered_s": 1.0}, order=["cold | x"]), r"ready\.r\.order is not a list of start"),
 ])
 def test_a_ready_record_off_its_shape_is_one_error_naming_the_field(
         tmp_path: Path, doc: dict[str, object], field: str) -> None:
@@ -251,15 +252,15 @@ HOSTILE = ["m | 0.1 | x", "cold | 0.1 | 0.1 |\n| image, fake row", "## Runs", "<
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_a_records_text_is_text_on_the_page(tmp_path: Path, text: str) -> None:
-    """A record's title, note, machine names, start names and file name reach
+    """A record's title, note, machine names and step labels reach
     docs/benchmarks.md as text in a heading or a cell: no row, heading, tag or link of their
     own (read back by a CommonMark parser with GitHub's tables)."""
     from markdown_it import MarkdownIt
     doc = _good() | {"title": f"t {text}", "note": f"n {text}",
                      "tiers": {f"m {text}": "h100"},
-                     "machines": {f"m {text}": {"tier": "h100", "ready": {"r": {
-                         "order": [f"cold {text}"],
-                         "starts": {f"cold {text}": {"answered_s": 1.0, "phases": []}}}}}}}
+                     "machines": {f"m {text}": {"tier": "h100", "ready": {f"r {text}": {
+                         "order": ["cold"], "starts": {"cold": {"answered_s": 1.0,
+                                                               "phases": []}}}}}}}
     (tmp_path / "2026-01-01-x.json").write_text(json.dumps(doc))
     recs = ledger.records(tmp_path)
     page = ledger.benchmarks_md([], recs, [], ["h100"], ledger.ready_starts(recs))

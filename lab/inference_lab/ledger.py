@@ -163,10 +163,13 @@ def ready_problem(ready: Any) -> tuple[str, str] | None:
         if not isinstance(rec, dict):
             return at, "is not an object"
         order, starts = rec.get("order", []), rec.get("starts", {})
-        if not isinstance(order, list) or not all(isinstance(x, str) for x in order):
-            return f"{at}.order", "is not a list of start names"
+        if not isinstance(order, list) or not all(x in READY_STARTS for x in order):
+            return f"{at}.order", f"is not a list of start names ({', '.join(READY_STARTS)})"
         if not isinstance(starts, dict) or not all(isinstance(e, dict) for e in starts.values()):
             return f"{at}.starts", "is not an object of starts"
+        if unknown := [k for k in starts if k not in READY_STARTS]:
+            return f"{at}.starts", (f"names {printable(repr(unknown[0]), 60)}, not a start the "
+                                    f"lab times ({', '.join(READY_STARTS)})")
         for state, e in starts.items():
             where = f"{at}.starts.{printable(state, 60)}"
             if "answered_s" in e and (why := _seconds_problem(e["answered_s"])):

@@ -288,9 +288,9 @@ def read_bundle_manifest(tar: tarfile.TarFile, bundle: Path) -> dict[str, Any]:
         raise BundleError(f"{bundle}: no {MANIFEST} first: not a bundle `inference-startup "
                           "make` wrote")
     if first.size > MAX_MANIFEST:
-        raise BundleError(f"{bundle}: its {MANIFEST} is {first.size / 2**20:.0f} MiB, larger "
-                          f"than {MAX_MANIFEST // 2**20} MiB: not a bundle `inference-startup "
-                          "make` wrote")
+        raise BundleError(f"{bundle}: its {MANIFEST} is {first.size:,} bytes, more than the "
+                          f"{MAX_MANIFEST:,} a manifest may have: refused, not a bundle "
+                          "`inference-startup make` wrote")
     fh = tar.extractfile(first)
     try:
         manifest = parse_json((fh.read() if fh else b"").decode(), MANIFEST)
@@ -313,7 +313,8 @@ def _checked_manifest(manifest: Any, where: str) -> dict[str, Any]:
             raise BundleError(f"{where}: {MANIFEST} entry {rel!r} is not [size, sha256]")
         probe = tarfile.TarInfo(rel)
         if why := _safe_member(probe):
-            raise BundleError(f"{where}: {MANIFEST} names {rel!r}, {why}")
+            raise BundleError(f"{where}: {MANIFEST} names {rel!r}, {why}: refused, not a bundle "
+                              "`inference-startup make` wrote")
     if sum(e[0] for e in files.values()) > MAX_BYTES:
         raise BundleError(f"{where}: more than {MAX_BYTES // 2**30} GiB of files")
     # what `show` and the install's line print: `make` writes a count and a time

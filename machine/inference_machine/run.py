@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import join, rendered
+from . import boundary, join, rendered
 from .inputs import printable
 from .layout import FLEET_ROUTER_UNIT, NODE_UNIT_SUFFIX
 
@@ -134,19 +134,6 @@ def room_for_caches(unit: str, doc: dict[str, Any]) -> None:
                       "disk", 1)
 
 
-def process_started() -> float:
-    """When this process started, as wall-clock time (to a clock tick): its start in ticks since
-    boot (/proc/self/stat), against the boot clock now."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    # a tick of slack either way: the start is rounded down to a tick, a file's time to the
-    # kernel's coarse clock
-    return time.time() - max(age, 0.0) - 2.0 / os.sysconf("SC_CLK_TCK")
-
-
 def checkpoint_word(unit: str, units: Path, doc: dict[str, Any]) -> str:
     """serving.checkpoint: the root helper beside this start (vllm@'s ExecStartPre starts it;
     without systemd, as root, this does) restores the instance's checkpoint into it or lets it
@@ -155,19 +142,20 @@ def checkpoint_word(unit: str, units: Path, doc: dict[str, Any]) -> str:
     run = rendered.here("checkpoint_run")
     pid = os.getpid()
     if not os.environ.get("INVOCATION_ID") and os.geteuid() == 0:
+        # a word left by another start (a container restarted gives a process the same pid) is
+        # gone before the helper starts: only the helper's word for this start is read (under
+        # systemd the unit's ExecStartPre removes it before this process exists)
+        for left in (f"{unit}.word", f"{unit}.open"):
+            boundary.remove(run / left)
         detach(startup("checkpoint", unit, "--pid", str(pid), "--units", str(units),
                        "--store", str(rendered.here("checkpoints")), "--run", str(run),
                        "--criu", os.environ.get("INFERENCE_CRIU", doc["paths"]["criu"])))
     wait_s = float(doc["limits"]["checkpoint_word_s"])
     word: list[str] = []
     deadline = time.monotonic() + wait_s
-    started = process_started()
     while time.monotonic() < deadline:
         try:
-            f = run / f"{unit}.word"
-            # a word older than this process is another start's (a container restarted gives a
-            # process the same pid): never taken, whatever pid it names
-            word = f.read_text().split() if f.stat().st_mtime >= started else []
+            word = (run / f"{unit}.word").read_text().split()
         except (OSError, UnicodeDecodeError):
             word = []
         if word[:1] == [str(pid)]:

@@ -211,6 +211,11 @@ def helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str,
         instance = checked_instance(units, instance)
     except ValueError as exc:
         say(instance[:80], f"refused: {exc}")
+        # a name of the render's shape whose unit files are missing: its start is still told to
+        # start without a checkpoint, rather than left to wait for a word
+        if INSTANCE.fullmatch(instance) and (pid or (pid := main_pid(instance))):
+            with contextlib.suppress(OSError):
+                write_word(run, instance, pid, "cold -")
         return 2
     systemd = not pid
     pid = pid or main_pid(instance)

@@ -238,17 +238,21 @@ def load_path(path: Path) -> dict[str, Any]:
     _depth(doc, MAX_DEPTH)
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a JSON object")
+    # every field that is not what the recorder writes, said at once
+    wrong = []
     if doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema {doc.get('schema')!r}, this plugin reads {SCHEMA}")
+        wrong.append(f"schema {doc.get('schema')!r}, this plugin reads {SCHEMA}")
     cap = doc.get("capability")
     if not isinstance(cap, str) or not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", cap):
-        raise ValueError(f"{path}: capability is {cap!r}, not a compute capability written as "
-                         "text (e.g. \"9.0\")")
+        wrong.append(f"capability is {cap!r} ({type(cap).__name__}), not a compute capability "
+                     "written as text (e.g. \"9.0\")")
     kernels = doc.get("kernels")
     if not isinstance(kernels, list) or not all(
             isinstance(e, dict) and isinstance(e.get("module"), str) and
             isinstance(e.get("name"), str) and isinstance(e.get("spec"), dict) for e in kernels):
-        raise ValueError(f"{path}: kernels is not a list of {{module, name, spec}} entries")
+        wrong.append("kernels is not a list of {module, name, spec} entries")
+    if wrong:
+        raise ValueError(f"{path}: " + "; ".join(wrong))
     return doc
 
 
