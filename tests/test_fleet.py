@@ -522,3 +522,31 @@ def test_a_scrape_from_that_is_no_network_is_one_line(tmp_path: Path, capsys) ->
     assert cli.main(["fleet", "plan", str(spec)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "scrape_from.0" in err[0], err
+
+
+def test_scrape_config_writes_targets_as_data_and_one_job_a_droplet(
+        api: StandinApi, capsys, tmp_path: Path) -> None:
+    """What DigitalOcean answers becomes a target by one writer: an IPv6 address in brackets, an
+    address that names no machine (0.0.0.0, loopback) no job (said), and two droplets of one name
+    two jobs and two folders."""
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text(EXAMPLE.read_text())
+    assert cli.main(["fleet", "up", str(spec)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    publics = iter(["2001:db8::7", "0.0.0.0", "127.0.0.1", "203.0.113.4", "203.0.113.5"])
+    for d in sorted(api.droplets.values(), key=lambda d: d["id"]):
+        d["status"] = "active"
+        d["networks"]["v4"] = [{"ip_address": next(publics), "type": "public"}]
+    workers = sorted((d for d in api.droplets.values() if "worker" in d["name"]),
+                     key=lambda d: d["id"])
+    workers[-1]["name"] = workers[-2]["name"]
+    assert cli.main(["fleet", "scrape-config", str(spec)]) == 0
+    out, err = capsys.readouterr()
+    jobs = yaml.safe_load(out)["scrape_configs"]
+    targets = [s["targets"][0] for j in jobs for s in j["static_configs"][:1]]
+    assert "[2001:db8::7]:8000" in targets and not any(t.startswith(("0.0.0.0", "127.")) for t in targets)
+    assert err.count("names no machine Prometheus can reach") == 2, err
+    names = [j["job_name"] for j in jobs]
+    assert len(names) == len(set(names)) == 3, names
+    folders = {j["authorization"]["credentials_file"] for j in jobs}
+    assert len(folders) == 3

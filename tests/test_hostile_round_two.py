@@ -158,3 +158,36 @@ def test_the_bundle_check_of_a_tar_is_unaffected(tmp_path: Path) -> None:
     assert bundle.check(cache, _key())[0] == "bundle"
     with tarfile.open(b) as tar:
         assert tar.getnames()[0] == bundle.MANIFEST
+
+
+def test_a_model_folder_whose_links_loop_is_read_ahead_once(tmp_path: Path) -> None:
+    """Two links of a model folder to each other (or to the folder) end the read-ahead's walk
+    there, in bounded time, instead of looping for good."""
+    from inference_machine import prepare
+    m = tmp_path / "model"
+    (m / "sub").mkdir(parents=True)
+    (m / "config.json").write_text("{}")
+    (m / "sub" / "w.bin").write_bytes(b"w" * 10)
+    (m / "self").symlink_to(m)
+    (m / "sub" / "up").symlink_to(m)
+    (m / "a").symlink_to(m / "b")
+    (m / "b").symlink_to(m / "a")
+    t0 = time.monotonic()
+    files = prepare.model_files(m)
+    assert time.monotonic() - t0 < 5
+    assert sorted(f.name for f in files) == ["a", "b", "config.json", "w.bin"]
+    n, total = prepare.prefetch(None, [m])
+    assert n == 4 and total == 12
+
+
+@pytest.mark.parametrize("doc", [{"router": [1]}, {"router": {"internal_port": "abc"}},
+                                 {"instances": "x"}, {"paths": {"endpoint": 7}}, {"tier": ["a"]},
+                                 {"instances": [1], "paths": []}])
+def test_the_banner_on_a_profile_json_edited_by_hand_is_no_traceback(tmp_path: Path,
+                                                                    doc: dict) -> None:
+    etc = tmp_path / "etc" / "inference-image"
+    etc.mkdir(parents=True)
+    (etc / "profile.json").write_text(json.dumps({"profile": {}, **doc}))
+    r = subprocess.run([*STARTUP, "motd"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "INFERENCE_ROOT": str(tmp_path)}, check=False)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -215,3 +215,10 @@ def test_a_markdown_link_target_cannot_end_the_link() -> None:
     link = writers.markdown_link("record", "benchmarks/2026-01-01-x) [y](z \"t\".json")
     assert link == "[record](benchmarks/2026-01-01-x%29%20%5By%5D%28z%20%22t%22.json)"
     assert writers.markdown_link("r", "https://evil.example/x").endswith("(https%3A//evil.example/x)")
+
+
+@pytest.mark.parametrize("bind", ["224.0.0.1", "255.255.255.255", "ff02::1", "240.0.0.1"])
+def test_a_profile_never_renders_a_bind_address_no_server_listens_on(bind: str) -> None:
+    from inference_image.profiles import ProfileErrors, resolve
+    with pytest.raises(ProfileErrors, match=r"router\.bind"):
+        resolve("cpu", overrides=[f"router.bind={bind}"])

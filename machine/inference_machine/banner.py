@@ -35,6 +35,8 @@ def clean(value: object) -> str:
 
 def serving(port: int, deadline_s: float = 2.0) -> bool:
     """Whether the router answers /health (it does once an instance serves)."""
+    if not 0 < port < 65536:  # no port known (a profile.json edited by hand)
+        return False
     try:
         return fetch(f"http://127.0.0.1:{port}/health", deadline_s=deadline_s).status == 200
     except OSError:

@@ -42,6 +42,13 @@ def _port_or_none(s: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _port(s: str) -> int:
+    try:
+        return Port.parse(s)
+    except Refused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _pid(s: str) -> int:
     """A process id: 1 or more (0 and -1 name process groups and every process to kill())."""
     if not (s.isascii() and s.isdigit() and len(s) <= 10 and int(s) >= 1):
@@ -226,13 +233,26 @@ def _motd(args: argparse.Namespace) -> int:
             doc = rendered.profile()
         except rendered.RenderedError:
             return 0  # no render: no banner, and no error at a login
-        paths = doc.get("paths", {})
-        args.instance = args.instance or (doc.get("instances") or [{}])[0].get("name", "")
-        args.endpoint = args.endpoint or Path(rendered.root() + paths.get("endpoint", ""))
-        args.tier = args.tier or str(doc.get("tier", ""))
-        args.router_port = args.router_port or int(doc.get("router", {}).get("internal_port", 0))
-        args.tls_mode_file = args.tls_mode_file or paths.get("tls_mode", "")
-        args.acme_conf = args.acme_conf or paths.get("acme_conf", "")
+        # a profile.json edited by hand: each field taken where it is of its type, else left
+        # empty (no banner line for it), never a traceback at a login
+        def text(v: object) -> str:
+            return v if isinstance(v, str) else ""
+
+        paths = doc.get("paths") if isinstance(doc.get("paths"), dict) else {}
+        first = (doc.get("instances") or [{}])[0] if isinstance(doc.get("instances"), list) else {}
+        router = doc.get("router") if isinstance(doc.get("router"), dict) else {}
+        args.instance = args.instance or text(first.get("name") if isinstance(first, dict) else "")
+        endpoint = text(paths.get("endpoint"))
+        if not args.endpoint and not endpoint:
+            return 0
+        args.endpoint = args.endpoint or Path(rendered.root() + endpoint)
+        args.tier = args.tier or text(doc.get("tier"))
+        try:
+            args.router_port = args.router_port or Port.parse(router.get("internal_port"))
+        except Refused:
+            args.router_port = 0
+        args.tls_mode_file = args.tls_mode_file or text(paths.get("tls_mode"))
+        args.acme_conf = args.acme_conf or text(paths.get("acme_conf"))
     print(motd(args.endpoint, Machine(args.tier, args.instance, args.router_port,
                                       args.tls_mode_file, args.acme_conf)), end="")
     return 0
@@ -354,7 +374,7 @@ def _start_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("instance", nargs="?")
     p.add_argument("--endpoint", type=Path)
     p.add_argument("--tier")
-    p.add_argument("--router-port", type=int, help="the router's loopback port")
+    p.add_argument("--router-port", type=_port, help="the router's loopback port")
     p.add_argument("--tls-mode-file", help="where a machine's TLS mode is chosen")
     p.add_argument("--acme-conf", help="where an ACME certificate's domain is set")
     p.set_defaults(handler=_motd)

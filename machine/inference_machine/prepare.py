@@ -97,10 +97,35 @@ def prefetch(reads: Path | None, models: Iterable[Path] = ()) -> tuple[int, int]
     with ThreadPoolExecutor(PREFETCH_THREADS) as a, ThreadPoolExecutor(PREFETCH_THREADS) as b:
         got = [a.map(lambda p: _read(p, True), libs), b.map(lambda p: _read(p, True), modules)]
         total = sum(sum(g) for g in got)
-    files = [Path(dirpath) / name for root in models
-             for dirpath, _, names in os.walk(root, followlinks=True) for name in names]
+    files = [f for root in models for f in model_files(root)]
     total += sum(_read(f, False) for f in files)
     return len(libs) + len(modules) + len(files), total
+
+
+MODEL_FILES_MAX = 100_000
+
+
+def model_files(root: Path) -> list[Path]:
+    """The files under a model's folder, its links to folders followed (a hub cache's snapshot
+    links to its blobs) but each folder walked once: a link back to a folder already walked (a
+    folder linked to itself, two links to each other) ends there instead of looping for good; at
+    most MODEL_FILES_MAX files."""
+    seen: set[tuple[int, int]] = set()
+    out: list[Path] = []
+    for dirpath, dirnames, names in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        out += [Path(dirpath) / name for name in names]
+        if len(out) >= MODEL_FILES_MAX:
+            return out[:MODEL_FILES_MAX]
+    return out
 
 
 def prefetch_roots() -> tuple[Path | None, list[Path]]:

@@ -293,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     except rendered.RenderedError as exc:
         warn(str(exc))
         return 2
+    except OSError as exc:
+        # a full or read-only disk under the caches, a folder where a file goes: one line
+        where = f" ({exc.filename})" if exc.filename else ""
+        warn(f"{unit}: cannot start: {exc.strerror or exc}{where}. Fix: the cause named; "
+             "systemd starts the unit again")
+        return 1
 
 
 if __name__ == "__main__":

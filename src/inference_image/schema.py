@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from inference_machine.inputs import Refused, listen_address
+
 Port = Annotated[int, Field(ge=1024, le=65535)]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$")]
 # Values that reach a Packer var file, pip or a shell: a closed alphabet, so nothing they hold can
@@ -417,6 +419,13 @@ class Router(Strict):
         if getattr(v, "scope_id", None):
             raise ValueError(f"{v}: an IPv6 scope id (%...) cannot be listened on by nginx; give "
                              "the address alone")
+        # the machine's one reader of a listen address (multicast, broadcast and reserved are
+        # refused): what first boot's listen file takes
+        try:
+            listen_address(str(v), "router.bind")
+        except Refused as exc:
+            raise ValueError(str(exc).split(" Fix:")[0] + " (give e.g. 0.0.0.0, :: or one of the "
+                             "machine's addresses)") from None
         return v
 
     @field_validator("tls", mode="before")

@@ -24,6 +24,8 @@ https://api.digitalocean.com: the unit tests' stand-in of the API, since none is
 
 from __future__ import annotations
 
+import collections
+import ipaddress
 import json
 import re
 import sys
@@ -44,6 +46,7 @@ from pydantic import (
     field_validator,
 )
 
+from inference_machine import writers
 from inference_machine.inputs import InputError, read_json
 
 from ..profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
@@ -277,7 +280,29 @@ def _group_plan(spec: FleetSpec, tier: Resolved, router_tier: Resolved, sid: int
 def endpoint(p: Plan, address: str) -> str:
     """The fleet's public URL: nginx on the router droplet."""
     rt = (p.tier if spans_nodes(p) > 1 else p.router_tier).profile.router
-    return f"{'https' if rt.tls != 'off' else 'http'}://{address}:{rt.port}"
+    try:
+        where = writers.host_port(ipaddress.ip_address(address), rt.port)
+    except ValueError:  # the plan's placeholder for an address the droplet does not have yet
+        where = f"{address}:{rt.port}"
+    return f"{'https' if rt.tls != 'off' else 'http'}://{where}"
+
+
+def scrape_address(d: dict[str, Any]) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A droplet's public address as a Prometheus target may name it: one that names that
+    machine (never 0.0.0.0, loopback, link-local, multicast or reserved); None (said) else."""
+    text = _address(d, "public")
+    if not text:
+        return None
+    try:
+        a = ipaddress.ip_address(text)
+    except ValueError:
+        a = None
+    if a is None or a.is_unspecified or a.is_loopback or a.is_link_local or a.is_multicast or \
+            a.is_reserved:
+        print(f"warning: droplet {d.get('name')}: its public address {text} names no machine "
+              "Prometheus can reach; it gets no scrape job", file=sys.stderr)
+        return None
+    return a
 
 
 NETWORK_PLACEHOLDER = "<the VPC's ip_range>"
@@ -621,17 +646,22 @@ def scrape_config(p: Plan, c: Any) -> str:
     (copied into /etc/prometheus/inference-image/<droplet>/)."""
     scheme = "https" if p.tier.profile.router.tls != "off" else "http"
     jobs = []
-    for d in sorted(_fleet_droplets(c, p.spec), key=lambda d: str(d.get("name"))):
-        name, public = str(d.get("name")), _address(d, "public")
+    droplets = sorted(_fleet_droplets(c, p.spec), key=lambda d: (str(d.get("name")), d.get("id")))
+    names = collections.Counter(str(d.get("name")) for d in droplets)
+    for d in droplets:
+        name, public = str(d.get("name")), scrape_address(d)
         role = next((r for r in ("router", "worker", "head", "node")
                      if role_tag(p.spec, r) in d.get("tags", [])), "worker")
-        if not public:
+        if public is None:
             continue
+        # DigitalOcean lets two droplets share a name: a job and a folder each, by its id too
+        if names[name] > 1:
+            name = f"{name}-{d.get('id')}"
         where = f"/etc/prometheus/inference-image/{name}"
         job: dict[str, Any] = {
             "job_name": f"inference-image-{name}", "scheme": scheme,
             "authorization": {"credentials_file": f"{where}/scrape-token"},
-            "static_configs": [{"targets": [f"{public}:{p.tier.profile.router.port}"],
+            "static_configs": [{"targets": [writers.host_port(public, p.tier.profile.router.port)],
                                 "labels": {"__metrics_path__": f"/metrics/{t}", "target": t,
                                            "droplet": name, "role": role}}
                                for t in scrape_targets_of(p, role)]}
