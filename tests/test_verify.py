@@ -88,6 +88,31 @@ def test_summary_table(tmp_path):
     assert summarize(junit)[1] is False  # nothing passed is not a pass
 
 
+def test_the_summary_names_what_was_not_judged_here(tmp_path):
+    """A machine without the DCGM exporter's unit (the lab) has its GPU metrics and DCGM rules
+    left out by the security suite, which records why: the table says so, and it is no failure."""
+    junit = tmp_path / "j.xml"
+    why = "/metrics/gpu and the DCGM alert rules: no nvidia-dcgm-exporter.service on this machine"
+    junit.write_text(f"""<testsuites><testsuite><properties>
+<property name="not_judged" value="{why}"/>
+</properties><testcase classname="test_security" name="test_a"/></testsuite></testsuites>""")
+    table, ok = summarize(junit)
+    assert ok
+    assert table.splitlines()[-2:] == ["not judged here:", "  /metrics/gpu and the DCGM alert rules: "
+                                       "no nvidia-dcgm-exporter.service on this machine"]
+
+
+def test_a_down_exporter_is_its_own_503_not_the_models() -> None:
+    from inference_image.profiles import resolve
+    from inference_image.render import files
+    conf = files(resolve("h100"))["etc/nginx/conf.d/inference-image.conf"][0]
+    gpu = conf[conf.index("location = /metrics/gpu {"):]
+    assert "error_page 502 504 = @metrics_unavailable_gpu;" in gpu.split("}")[1]
+    assert "return 503 'GPU metrics unavailable: its exporter (dcgm, port 9400) is not " \
+           "answering\\n';" in conf
+    assert "the model is not serving" not in gpu.split("location @metrics_unavailable_gpu")[0]
+
+
 def fake_systemctl(tmp_path, monkeypatch, states: list[str]) -> None:
     """A `systemctl` on PATH that answers is-system-running with the next of `states`."""
     (tmp_path / "states").write_text("\n".join(states) + "\n")

@@ -578,12 +578,16 @@ def metrics_sources(r: Resolved) -> list[dict[str, Any]]:
     """Every Prometheus page of the machine, each on its loopback port: each vLLM instance, the
     router's Prometheus port, node exporter, the public port's answers by status (mtail, from
     nginx's log) and, on a GPU tier, NVIDIA's DCGM exporter."""
-    return [*({"name": i.name, "job": "vllm", "port": i.port} for i in r.instances),
-            {"name": "router", "job": "vllm-router", "port": r.profile.router.metrics_port},
-            {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"]},
-            {"name": "nginx", "job": "nginx", "port": LIMITS["status_exporter_port"]},
-            *([{"name": "gpu", "job": "dcgm", "port": LIMITS["dcgm_exporter_port"]}]
-              if r.is_gpu else [])]
+    return [*({"name": i.name, "job": "vllm", "port": i.port, "what": f"metrics of {i.name}"}
+              for i in r.instances),
+            {"name": "router", "job": "vllm-router", "port": r.profile.router.metrics_port,
+             "what": "router metrics"},
+            {"name": "node", "job": "node", "port": LIMITS["node_exporter_port"],
+             "what": "node metrics"},
+            {"name": "nginx", "job": "nginx", "port": LIMITS["status_exporter_port"],
+             "what": "public port metrics"},
+            *([{"name": "gpu", "job": "dcgm", "port": LIMITS["dcgm_exporter_port"],
+                "what": "GPU metrics"}] if r.is_gpu else [])]
 
 
 def scrape_targets(r: Resolved) -> list[dict[str, Any]]:

@@ -200,6 +200,9 @@ def summarize(junit: Path) -> tuple[str, bool]:
     counts: dict[str, Counter[str]] = {}
     reasons: dict[str, str] = {}
     failures: list[str] = []
+    # what a suite left unjudged on this machine, and why (a `not_judged` property of its run)
+    unjudged = sorted({prop.get("value", "") for prop in root.iter("property")
+                       if prop.get("name") == "not_judged"})
     for case in root.iter("testcase"):
         suite = case.get("classname", "").rsplit(".", 1)[-1].removeprefix("test_") or "?"
         c = counts.setdefault(suite, Counter())
@@ -223,7 +226,8 @@ def summarize(junit: Path) -> tuple[str, bool]:
     empty = [f"  {s}: nothing passed ({counts[s]['skipped']} skipped: {reasons.get(s, '')})"
              for s in order if counts[s]["passed"] == 0 and not counts[s]["failed"]]
     ok = not failures and not empty and bool(counts)
-    extra = (["", "failures:", *failures] if failures else []) + (
+    extra = (["", "not judged here:", *(f"  {u}" for u in unjudged)] if unjudged else []) + (
+        ["", "failures:", *failures] if failures else []) + (
         ["", "suites that passed nothing:", *empty] if empty else [])
     return "\n".join(lines + extra), ok
 
