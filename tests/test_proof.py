@@ -1844,6 +1844,19 @@ def test_a_profile_over_two_nodes_starts_each_stage_as_its_droplet_would(
     (tmp_path / "requests.log").touch()
     monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "requests.log"))
     monkeypatch.setenv("STANDIN_NODE", str(tmp_path / "node.json"))
+    # the machine's network as a droplet's VPC (a fleet opens only a private one, whatever this
+    # host's own address is), and a firewall whose sets take what inference-join adds
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "ip").write_text(
+        "#!/bin/sh\ncase \"$*\" in\n"
+        "  \"-o -4 addr show scope global\") echo '2: eth1    inet 10.110.0.5/20 brd 10.110.15.255 "
+        "scope global eth1' ;;\n"
+        "  \"-o route get \"*) echo \"$4 dev eth1 src 10.110.0.5 uid 0\" ;;\n  *) exit 2 ;;\nesac\n")
+    (stubs / "nft").write_text("#!/bin/sh\n[ \"$1\" = get ] && exit 1\nexit 0\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
     monkeypatch.setattr(proof.Runner, "_bench_rows", lambda self, label, port, model, conc, *a, **k: [
         {"concurrency": c, "output_tok_s": 1.0, "ttft_ms_mean": 1.0, "ttft_ms_p99": 1.0,
          "tpot_ms_mean": 1.0} for c in conc])
