@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?= cpu
 OUT ?= build/$(GPU)
 
-.PHONY: help deps setup test test-more unit slow criu hostile checkpoint-units evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
+.PHONY: help deps setup test test-more unit slow criu hostile checkpoint-units chroot-proof evidence molecule faults soak soak-host fleet-proof multinode-proof molecule-gpu molecule-gpu-playbook standin-models molecule-image molecule-inputs lint render validate-profiles profiles golden \
 	gpu-proof-help gpu-systemd-root gpu-systemd-kit verify image image-guard image-inputs packer-validate boot boot-stop e2e clean
 
 ##@ Start here
@@ -19,7 +19,7 @@ help: ## this list
 # CRIU's build dependencies for scripts/build-criu (the checkpoint tests).
 DEB_PACKAGES := make python3 python3-venv python3-dev gcc openssh-client podman runc mmdebstrap uidmap \
 	slirp4netns fuse-overlayfs nftables packer qemu-utils qemu-system-x86 cloud-image-utils fdisk e2fsprogs \
-	curl iproute2 prometheus criu openssl nginx \
+	curl iproute2 prometheus criu openssl nginx dpkg-dev \
 	xz-utils patch pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev libprotobuf-c-dev \
 	libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
 
@@ -45,7 +45,7 @@ setup: $(BIN)/.installed ## create .venv with the pinned Python tools, the CLI, 
 ##@ Test
 test: unit slow hostile molecule ## unit tests, the slow ones, the hostile-input corpus, the whole playbook in a systemd container (CI runs test-more after it)
 
-test-more: criu molecule-gpu checkpoint-units ## CRIU's real dump and restore (built from source), the driver role's user space, the checkpoint's units under systemd
+test-more: criu molecule-gpu checkpoint-units chroot-proof ## CRIU's real dump and restore (built from source), the driver role's user space, the checkpoint's units under systemd, the cpu tier installed through chroot air-gapped and booted
 
 # ROOM=machine|build|ops|lab|plugin: one room's tests alone (tests/conftest.py says which file is whose)
 ROOM ?=
@@ -77,6 +77,9 @@ molecule-image: setup ## the Debian 12 systemd container image molecule runs (fr
 	@for t in podman runc mmdebstrap; do command -v $$t >/dev/null || \
 	  { echo "make molecule: $$t is missing: apt-get install podman runc mmdebstrap (or run .ci/run)" >&2; exit 1; }; done
 	scripts/make-rootfs build/rootfs/debian12-systemd.tar --import $(MOLECULE_IMAGE)
+
+chroot-proof: molecule-inputs ## the cpu tier installed into a root folder by site.yml + sysprep.yml through chroot with no network (a local package folder, the wheelhouses), booted in a systemd container, verified: the GPU lab image's path (root)
+	PATH=$(CURDIR)/$(BIN):$$PATH scripts/chroot-proof
 
 checkpoint-units: molecule-image ## serving.checkpoint's units (the root helper, the gate, the word) under systemd in the molecule image, no GPU
 	@rc=0; INFERENCE_SYSTEMD_IMAGE=$(MOLECULE_IMAGE) $(BIN)/pytest -q tests/test_checkpoint_units.py || rc=$$?; \
@@ -132,6 +135,7 @@ lint: setup ## ruff, ansible-lint (production profile, offline), shell syntax, p
 	  site.yml sysprep.yml ../roles molecule/
 	for f in scripts/make-rootfs scripts/make-base-image scripts/boot-image scripts/use-image scripts/make-seed scripts/e2e-local scripts/fetch-wheels \
 	  scripts/gpu-systemd-root scripts/gpu-systemd-overlay scripts/gpu-systemd-boot scripts/gpu-systemd-probe \
+	  scripts/install-root scripts/make-debrepo scripts/chroot-proof \
   scripts/gpu-systemd-kit scripts/gpu-systemd-image scripts/gpu-systemd-net scripts/gpu-systemd-serve \
 	  roles/sysprep/files/*; do bash -n $$f; done
 	$(MAKE) -s packer-validate
