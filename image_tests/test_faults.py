@@ -37,6 +37,7 @@ from conftest import (
 )
 
 from inference_image.cause import CPU_NO_MEMORY
+from inference_machine import contract
 
 pytestmark = pytest.mark.serving
 
@@ -108,8 +109,9 @@ rm -rf "$dir"
 
 
 def _units(profile: dict[str, Any]) -> list[str]:
-    return (["vllm-router.service", "nginx.service"]
-            + [f"vllm@{i['name']}.service" for i in profile["instances"]])
+    unit = profile["contract"]["unit"]
+    return ([unit["router"], unit["public"]]
+            + [unit["instance"].replace("@.", f"@{i['name']}.") for i in profile["instances"]])
 
 
 def _all_back(root: Any, profile: dict[str, Any], timeout: float = 300) -> None:
@@ -247,12 +249,14 @@ def test_logs_that_cannot_be_written(root: Any, profile: dict[str, Any], api_key
 
 
 # A fault that keeps one instance from starting, as a runtime drop-in (gone at the next boot):
+# the cache part a start's temporary files go to (the contract's)
+TMP = next(c for c in contract.CACHE_PARTS if c.env == "TMPDIR")
 # (the drop-in's [Service] lines, what its journal line must name, whether only the cpu tier has it)
 CANNOT_START = {
     # a KV cache of 1 PB: vLLM cannot allocate it (GPU tiers: the GPU machine's own proof)
     "memory": ("Environment=" + "=".join(CPU_NO_MEMORY), r"memory|allocat", True),
     # the instance's temporary and cache files on a disk with too little room ({small})
-    "disk-full": ("Environment=TMPDIR={small}/tmp", r"No space left", False),
+    "disk-full": (f"Environment={TMP.env}={{small}}/{TMP.name}", r"No space left", False),
 }
 SMALL_FS = "/run/inference-image-small-disk"
 

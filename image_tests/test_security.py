@@ -232,7 +232,9 @@ def _main_pid(root: Any, unit: str) -> tuple[str, str]:
 
 
 def _units(profile: dict[str, Any]) -> list[str]:
-    return [f"vllm@{i['name']}.service" for i in profile["instances"]] + ["vllm-router.service"]
+    unit = profile["contract"]["unit"]
+    return [unit["instance"].replace("@.", f"@{i['name']}.") for i in profile["instances"]] + \
+        [unit["router"]]
 
 
 def _checkpoints(profile: dict[str, Any]) -> bool:
@@ -270,7 +272,8 @@ def test_dev_mode_off(root: Any, profile: dict[str, Any]) -> None:
 @pytest.mark.serving
 def test_services_not_root(root: Any, profile: dict[str, Any]) -> None:
     for unit in _units(profile):
-        user = profile["router_user"] if unit == "vllm-router.service" else profile["service_user"]
+        user = profile["router_user"] if unit == profile["contract"]["unit"]["router"] \
+            else profile["service_user"]
         pid, owner = _main_pid(root, unit)
         assert owner == user, f"{unit} (pid {pid}) runs as {owner}"
     workers = root.run("ps -o user= -C nginx").stdout.split()
@@ -282,7 +285,7 @@ def test_the_router_cannot_touch_what_vllm_loads(root: Any, profile: dict[str, A
     them."""
     user, cache = profile["router_user"], profile["paths"]["cache"]
     assert root.run(f"id -u {user}").rc == 0, f"no user {user}"
-    for sub in ("vllm", "inductor", "triton"):
+    for sub in (c["name"] for c in profile["contract"]["cache_parts"]):
         assert root.run(f"runuser -u {user} -- test -w {cache}/{sub}").rc != 0, \
             f"{cache}/{sub} is writable by the router's user {user}"
 

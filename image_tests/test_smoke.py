@@ -12,18 +12,21 @@ from conftest import HostKey, Public, http, traffic_per_instance, wait_for, why_
 
 
 def units(profile: dict[str, Any]) -> list[str]:
-    return (["inference.target", "vllm-router.service", "nginx.service"]
-            + [f"vllm@{i['name']}.service" for i in profile["instances"]])
+    """The stack and the units on the request path (the contract's, as the render wrote it)."""
+    unit = profile["contract"]["unit"]
+    return ([unit["stack"], unit["router"], unit["public"]]
+            + [unit["instance"].replace("@.", f"@{i['name']}.") for i in profile["instances"]])
 
 
 def test_units_enabled_and_active(root: Any, profile: dict[str, Any], request: pytest.FixtureRequest) -> None:
     serving = not request.config.getoption("--no-serving")
+    firstboot = profile["contract"]["unit"]["firstboot"]
     bad = []
-    for u in [*units(profile), "inference-firstboot.service"]:
+    for u in [*units(profile), firstboot]:
         s = root.service(u)
         if not s.is_enabled:
             bad.append(f"{u} not enabled")
-        if serving and u != "inference-firstboot.service" and not s.is_running:
+        if serving and u != firstboot and not s.is_running:
             bad.append(f"{u} not active")
     assert not bad, "; ".join(bad)
 
@@ -32,7 +35,7 @@ def test_every_unit_on_the_request_path_restarts(root: Any, profile: dict[str, A
     """nginx, the router and each instance come back by themselves, whatever ended them (vLLM can
     exit 0 when its engine dies; Debian's nginx unit does not restart at all)."""
     policy = {u: root.run(f"systemctl show -p Restart --value {u}").stdout.strip()
-              for u in units(profile) if u != "inference.target"}
+              for u in units(profile)[1:]}
     assert all(p == "always" for p in policy.values()), policy
 
 
@@ -152,7 +155,7 @@ def test_model_cache_present(root: Any, profile: dict[str, Any]) -> None:
 
 def test_compile_cache_writable_by_the_service(root: Any, profile: dict[str, Any]) -> None:
     user, cache = profile["service_user"], profile["paths"]["cache"]
-    for sub in ("vllm", "inductor", "tmp"):
+    for sub in (c["name"] for c in profile["contract"]["cache_parts"]):
         r = root.run(f"runuser -u {user} -- test -w {cache}/{sub}")
         assert r.rc == 0, f"{cache}/{sub} is not writable by {user}"
 

@@ -39,3 +39,12 @@ def test_the_render_writes_exactly_the_switches_the_plugin_reads() -> None:
     env = vllm_env(r, r.instances[0])
     assert {k for k in env if k.startswith("INFERENCE_IMAGE_")} <= rendered
     assert sw.FP8_DISPATCH in env  # type: ignore[attr-defined]
+
+
+def test_the_checkpoint_gates_names_are_the_machines() -> None:
+    """The plugin's gate reads the two variables the machine's runtime gives a start whose helper
+    holds its gate: the same names as the machine's contract (the plugin cannot import it)."""
+    from inference_image_vllm import switches
+    from inference_machine.contract import ENV
+    assert (ENV.checkpoint_token, ENV.checkpoint_gate) == \
+        (switches.CHECKPOINT_TOKEN, switches.CHECKPOINT_GATE)

@@ -17,6 +17,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference_machine.contract import ENV
+
 from .proof_machine import runtime
 
 STANDIN_BIN = Path(__file__).resolve().parent / "standin" / "bin"
@@ -37,7 +39,7 @@ class Node:
 
     def env(self) -> dict[str, str]:
         gpus = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus)} if self.gpus else {}
-        return {"INFERENCE_ROOT": str(self.root), **gpus}
+        return {ENV.root: str(self.root), **gpus}
 
 
 def host_address() -> tuple[str, str]:

@@ -41,6 +41,7 @@ from inference_image.profiles import (
 )
 from inference_image.render import NATIVE_SAMPLER, render
 from inference_image.schema import scenario_spec
+from inference_machine.contract import ENV, cache_env
 
 from . import nodes, standin_weights
 from .proof_machine import (
@@ -408,9 +409,8 @@ class Runner(ToolSteps, ReadySteps):
         self.results.setdefault("settle", {})[label] = rows[1:]
 
     def _cache_env(self, cache: Path) -> dict[str, str]:
-        return {"INFERENCE_CACHE": str(cache),
-                "VLLM_CACHE_ROOT": f"{cache}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
-                "TRITON_CACHE_DIR": f"{cache}/triton", "TMPDIR": f"{cache}/tmp"}
+        return {ENV.cache: str(cache), **{k: v for k, v in cache_env(str(cache)).items()
+                                          if not k.startswith("XDG_")}}
 
     def step_vanilla(self, step: Step) -> None:
         """`vllm serve` with its defaults on the tier's target model in bf16, plus the step's
@@ -523,7 +523,7 @@ class Runner(ToolSteps, ReadySteps):
             target, *drafts = self._weight_files(step, [target, *([draft] if spec.draft else [])])
             draft = drafts[0] if drafts else draft
             load = ""
-        env = {"INFERENCE_ROOT": str(rdir), "INFERENCE_PYTHON": self.python,
+        env = {ENV.root: str(rdir), ENV.python: self.python,
                # the stand-ins' one correction (standin/sitecustomize.py): a weightless EAGLE-3
                # head keeps the lm_head its checkpoint has instead of borrowing the target's
                "PYTHONPATH": os.pathsep.join(x for x in (str(STANDIN), os.environ.get(
@@ -531,13 +531,13 @@ class Runner(ToolSteps, ReadySteps):
                "MODEL_PATH": str(target),
                # no draft (method none, a lookup): nothing reads the path, so nothing is made
                "DRAFT_PATH": str(draft),
-               "INFERENCE_EXTRA_ARGS": f"{load} {extra_args}".strip(),
+               ENV.extra_args: f"{load} {extra_args}".strip(),
                **self._cache_env(cache), **({FP8_TABLE_ENV: str(table)} if table else {})}
         if label in self.node_runs:  # inference-join finds the group's addresses with `ip`
             env["PATH"] = nodes.path_with_ip(os.environ.get("PATH", ""))
             # a node's stage runs `vllm serve --headless`: vLLM's console script, which the
             # carried wheels lack (the head runs `python -m`, as the image does)
-            env["INFERENCE_VLLM"] = str(nodes.vllm_script(self.work / "bin", self.python))
+            env[ENV.vllm] = str(nodes.vllm_script(self.work / "bin", self.python))
         runners = {i.name: runtime("run", i.name) for i in r.instances}
         argv = {name: dry_run(runner, env) for name, runner in runners.items()}
         for node in self.node_runs.get(label, []):
@@ -673,7 +673,7 @@ class Runner(ToolSteps, ReadySteps):
             self._start_instances(label, r, runners, env, cache, servers)
             rport = r.profile.router.internal_port
             # the instances' extra arguments (--load-format dummy) are not the router's
-            renv = {**env, "ROUTER_BIN": router, "INFERENCE_EXTRA_ARGS": ""}
+            renv = {**env, "ROUTER_BIN": router, ENV.extra_args: ""}
             runner = runtime("run", "router")
             srv = start(runner, renv, self.work / "logs" / f"{label}-router.log", rport)
             servers.append(srv)

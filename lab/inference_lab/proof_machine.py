@@ -21,6 +21,7 @@ import tenacity
 import inference_machine
 from inference_image.cause import failure_cause
 from inference_machine.bounded_http import fetch
+from inference_machine.contract import ENV
 
 from .proof_plan import ProofError
 
@@ -134,7 +135,7 @@ def with_runtime(env: dict[str, str], base: dict[str, str] | None = None) -> dic
 
 def dry_run(runner: list[str], env: dict[str, str]) -> str:
     """The command line a render's `inference-run UNIT` would exec (INFERENCE_DRY_RUN)."""
-    return subprocess.run(runner, env={**os.environ, **with_runtime(env), "INFERENCE_DRY_RUN": "1"},
+    return subprocess.run(runner, env={**os.environ, **with_runtime(env), ENV.dry_run: "1"},
                           capture_output=True, text=True, check=False).stdout.strip()
 
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import inference_machine as startup
 from inference_image.render import NATIVE_SAMPLER, PATHS, model_path
-from inference_machine import checkpoint, unit_checkpoint
+from inference_machine import checkpoint, contract, unit_checkpoint
+from inference_machine.contract import ENV
 
 from .proof_machine import runtime, start, with_runtime
 from .proof_plan import (
@@ -374,7 +375,7 @@ class ReadySteps:
                     self._record_triton(label, recording, python, env, record)
                 checkpointed = bool(set(RESTORED) & set(starts[i + 1:i + 2]))
                 if by_unit:
-                    self._unit_said(label, state, lines, Path(env["INFERENCE_ROOT"]),
+                    self._unit_said(label, state, lines, Path(env[ENV.root]),
                                     argv[-1], entry)
                 elif checkpointed:
                     taken = self._take(label, argv[-1], srv.proc.pid, port, model, root,
@@ -421,12 +422,12 @@ class ReadySteps:
                 raise ProofError(f"{label}: a render that checkpoints compares its reference "
                                  "answer after a restore, which synthetic acceptance draws: run "
                                  "its ready starts without an acceptance")
-            env = {**env, "INFERENCE_CRIU": criu_bin()}
+            env = {**env, ENV.criu: criu_bin()}
             # the restored trees' processes become this process's once CRIU exits
             ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
         elif restores:
-            env = {**env, **CHECKPOINT_ENV, "INFERENCE_EXTRA_ARGS": " ".join(
-                (env.get("INFERENCE_EXTRA_ARGS", ""), CHECKPOINT_ARGS)).strip()}
+            env = {**env, **CHECKPOINT_ENV, ENV.extra_args: " ".join(
+                (env.get(ENV.extra_args, ""), CHECKPOINT_ARGS)).strip()}
         return restores, by_unit, env
 
     def _stopped(self, srv: Any, label: str, state: str, lines: list[tuple[float, str]],
@@ -549,8 +550,9 @@ class ReadySteps:
         the server the step starts."""
         label = step.name()
         root = Path(PATHS["cache"]) if step.image_paths else self.work / f"ready-cache-{label}"
-        cache_env = {**self._cache_env(root), "XDG_CACHE_HOME": f"{root}/xdg-cache",
-                     "XDG_CONFIG_HOME": f"{root}/xdg-config"}
+        cache_env = {**self._cache_env(root),
+                     **{k: v for k, v in contract.cache_env(str(root)).items()
+                        if k.startswith("XDG_")}}
         if step.vanilla:
             r = self.resolved()
             port, name = r.instances[0].port, r.profile.model.target
@@ -563,7 +565,7 @@ class ReadySteps:
         inst = r.instances[0]
         env = {**env, **cache_env}
         python = self.python
-        rdir = Path(env["INFERENCE_ROOT"])
+        rdir = Path(env[ENV.root])
         if step.image_paths:
             site = os.environ.get("PROOF_SITE", "/tmp/site")
             system = subprocess.run([self.python, "-c", "import sysconfig; "
@@ -571,7 +573,7 @@ class ReadySteps:
                                     capture_output=True, text=True, check=True).stdout.strip()
             python = image_layout(self.python, [Path(site), Path(system)],
                                   Path(PATHS["vllm_venv"]))
-            env["INFERENCE_PYTHON"] = python
+            env[ENV.python] = python
             env["MODEL_PATH"] = link_model(Path(env["MODEL_PATH"]), r.profile.model.target)
             if r.profile.model.speculative.draft:
                 env["DRAFT_PATH"] = link_model(Path(env["DRAFT_PATH"]),
@@ -639,7 +641,7 @@ class ReadySteps:
         print(f"[{label}] Triton kernels the start compiled: {n} -> {out}", flush=True)
 
     def _wipe(self, root: Path) -> None:
-        for p in (*startup.CACHE_PARTS, "xdg-config", "tmp", startup.MANIFEST, startup.REJECTED,
+        for p in (*(c.name for c in contract.CACHE_PARTS), startup.MANIFEST, startup.REJECTED,
                   startup.READS):
             target = root / p
             if target.is_dir() and not target.is_symlink():
@@ -657,7 +659,7 @@ class ReadySteps:
         see = {k: env[k] for k in ("PYTHONPATH", "MODEL_PATH", "DRAFT_PATH") if k in env}
         proc = subprocess.run(argv, capture_output=True, text=True, check=False,
                               env={**os.environ, "MODEL_PATH": "", "DRAFT_PATH": "",
-                                   **with_runtime(see), "INFERENCE_PYTHON": python})
+                                   **with_runtime(see), ENV.python: python})
         if proc.returncode:
             raise ProofError(f"the machine key: {proc.stderr.strip()[-300:]}")
         return dict(json.loads(proc.stdout))

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from . import boundary, firstboot, rendered
+from .contract import FIREWALL_TABLE
 from .inputs import Email, Hostname, InputError, Refused, printable, read_bytes, read_text
-from .layout import FIREWALL_TABLE
 
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
 CONF_MAX = 64 * 1024

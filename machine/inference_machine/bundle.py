@@ -20,12 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import boundary
+from . import boundary, contract
+from .contract import ENV
 from .inputs import InputError, parse_json, read_bytes, read_json
 
 SCHEMA = 1
-# what a start writes beside its model, by folder under the cache root (render.vllm_env names them)
-CACHE_PARTS = ("vllm", "inductor", "triton", "xdg-cache")
+# what a start writes beside its model that a bundle carries, by folder under the cache root (the
+# contract's cache parts)
+CACHE_PARTS = tuple(c.name for c in contract.CACHE_PARTS if c.bundled)
 # what the build itself leaves in a part (`inference-startup inspect`: vLLM's model inspections,
 # keyed by the model module's source, valid on any GPU): no bundle carries it, and neither
 # installing a bundle nor refusing one removes it
@@ -74,7 +76,7 @@ SITE_PROBE = Path(__file__).with_name("site_probe.py")
 def python_world(python: str | None = None) -> dict[str, Any]:
     """Where the instance's Python (`python`, else INFERENCE_PYTHON, else this one) imports vLLM,
     torch and Triton from, and its version: {"python": "3.12", "vllm": folder or None, ...}."""
-    python = python or os.environ.get("INFERENCE_PYTHON") or sys.executable
+    python = python or os.environ.get(ENV.python) or sys.executable
     try:
         out = subprocess.run([python, "-P", str(SITE_PROBE)], capture_output=True, text=True,
                              timeout=60, check=False)
@@ -83,7 +85,7 @@ def python_world(python: str | None = None) -> dict[str, Any]:
         world = None
     if not isinstance(world, dict):
         raise BundleError(f"{python} cannot say where it imports vLLM from (the instance's "
-                          "Python, INFERENCE_PYTHON in its unit's environment)")
+                          f"Python, {ENV.python} in its unit's environment)")
     return world
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import boundary, rendered, writers
+from .contract import UNIT
 from .inputs import (
     TLS_MODE_MAX,
     BearerToken,
@@ -221,8 +222,9 @@ def reload_nginx() -> None:
     # --no-block: this unit is ordered before nginx, so a waiting reload would deadlock at boot.
     if rendered.root() or not Path("/run/systemd/system").is_dir():
         return
-    if subprocess.run(["systemctl", "-q", "is-active", "nginx.service"], check=False).returncode == 0:
-        subprocess.run(["systemctl", "reload", "--no-block", "nginx.service"], check=False)
+    nginx = UNIT["public"]
+    if subprocess.run(["systemctl", "-q", "is-active", nginx], check=False).returncode == 0:
+        subprocess.run(["systemctl", "reload", "--no-block", nginx], check=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from . import rendered, writers
 from .bounded_http import fetch
+from .contract import FIREWALL_TABLE
 from .fleetfile import FleetFileError, role_line
 from .inputs import IPAddress, IPNetwork, Port, Refused, finite, fleet_network, printable
-from .layout import FIREWALL_TABLE
 
 USAGE = "usage: inference-join [--role | --serves-instances | --group | --open-group | --leave PORT]"
 MODES = ("join", "--role", "--serves-instances", "--group", "--open-group", "--leave")

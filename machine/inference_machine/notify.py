@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from .bounded_http import fetch
+from .contract import ENV
 from .inputs import Refused, finite
 
 
@@ -55,7 +56,7 @@ def notify_ready(port: str, addr: str) -> None:
 
 def stop(pid: int, why: str, limits: Limits) -> None:
     """Stop the instance (SIGTERM; SIGKILL after the unit's stop timeout), saying why."""
-    unit = os.environ.get("INFERENCE_UNIT")
+    unit = os.environ.get(ENV.unit)
     print(f"inference-run: {unit}: {why}; stopping it (systemd starts it again)", flush=True)
     os.kill(pid, signal.SIGTERM)
     # vLLM whose other stage is gone can take a minute to exit on SIGTERM (its workers wait on the

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import boundary, rendered
 from .bundle import BundleError, _owner_ids, _write_json
+from .contract import ENV, cache_env
 from .inputs import InputError, read_text
 
 # ---- the page cache ------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def model_files(root: Path) -> list[Path]:
 def prefetch_roots() -> tuple[Path | None, list[Path]]:
     """The recorded reads of this machine's starts (INFERENCE_CACHE/start-reads.json, where
     the build's inspection wrote it), and the instance's models (MODEL_PATH, DRAFT_PATH)."""
-    cache = os.environ.get("INFERENCE_CACHE")
+    cache = os.environ.get(ENV.cache)
     reads = Path(cache) / READS if cache and (Path(cache) / READS).is_file() else None
     models = [Path(m) for m in (os.environ.get("MODEL_PATH"), os.environ.get("DRAFT_PATH"))
               if m and Path(m).is_dir()]
@@ -214,9 +215,8 @@ def _run_unit_python(argv: list[str], env: dict[str, str], timeout_s: int, doing
         import pwd
         with contextlib.suppress(KeyError):
             env = {**env, "HOME": pwd.getpwuid(ids[0]).pw_dir}
-        if cache := env.get("INFERENCE_CACHE"):  # where vllm@'s Environment= puts them
-            env = {"XDG_CACHE_HOME": f"{cache}/xdg-cache", "XDG_CONFIG_HOME": f"{cache}/xdg-config",
-                   **env}
+        if cache := env.get(ENV.cache):  # where vllm@'s Environment= puts them
+            env = {**{k: v for k, v in cache_env(cache).items() if k.startswith("XDG_")}, **env}
         as_user = {"user": ids[0], "group": ids[1], "extra_groups": []}
     try:
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s,
@@ -230,9 +230,9 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
     """Inspect the architectures the unit serves with its vLLM, as its start would, so that the
     start reads vLLM's answers from its cache. One line saying what was done."""
     env = unit_environ(env_file)
-    python, root = env.get("INFERENCE_PYTHON"), env.get("VLLM_CACHE_ROOT")
+    python, root = env.get(ENV.python), env.get("VLLM_CACHE_ROOT")
     if not python or not root:
-        raise BundleError(f"{env_file}: names no INFERENCE_PYTHON or VLLM_CACHE_ROOT")
+        raise BundleError(f"{env_file}: names no {ENV.python} or VLLM_CACHE_ROOT")
     archs = architectures(env, args_file)
     if not archs:
         return "no architecture to inspect"
@@ -251,7 +251,7 @@ def inspect_models(env_file: Path, args_file: Path | None = None,
     if proc.returncode or not done:
         raise BundleError(f"vLLM did not inspect {', '.join(archs)} (exit {proc.returncode}): "
                           f"{(proc.stderr or proc.stdout).strip()[-400:]}")
-    recorded = _write_reads(env.get("INFERENCE_CACHE"), reads_from(proc.stdout), ids)
+    recorded = _write_reads(env.get(ENV.cache), reads_from(proc.stdout), ids)
     if written() == before:
         return f"already inspected: {', '.join(done)} ({infos}){recorded}"
     return f"inspected {', '.join(done)} in {time.monotonic() - t0:.0f} s ({infos}){recorded}"
@@ -270,9 +270,9 @@ def precompile_kernels(env_file: Path, owner: str | None = None) -> str:
     """Compile, as the build does once, the Triton kernels a start of the unit's tier compiles
     into its Triton cache, owned by the instances' user. The plugin's one line."""
     env = unit_environ(env_file)
-    python, cache = env.get("INFERENCE_PYTHON"), env.get("TRITON_CACHE_DIR")
+    python, cache = env.get(ENV.python), env.get("TRITON_CACHE_DIR")
     if not python or not cache:
-        raise BundleError(f"{env_file}: names no INFERENCE_PYTHON or TRITON_CACHE_DIR")
+        raise BundleError(f"{env_file}: names no {ENV.python} or TRITON_CACHE_DIR")
     ids = _owner_ids(owner)
     proc = _run_unit_python([python, *PRECOMPILE], env, PRECOMPILE_TIMEOUT_S,
                             "precompiling the Triton kernels", ids)

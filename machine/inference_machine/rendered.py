@@ -11,8 +11,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .contract import ENV, PATHS
 from .inputs import InputError, read_json, read_text
-from .layout import PATHS
 
 UNIT_FILE_MAX = 2**20
 PROFILE_MAX = 16 * 2**20
@@ -24,7 +24,7 @@ class RenderedError(Exception):
 
 
 def root() -> str:
-    return os.environ.get("INFERENCE_ROOT", "")
+    return os.environ.get(ENV.root, "")
 
 
 def here(key: str) -> Path:
@@ -41,7 +41,7 @@ def profile() -> dict[str, Any]:
 def _profile_at(path: Path) -> dict[str, Any]:
     try:
         doc = read_json(path, "profile.json", PROFILE_MAX, fix="install a render (inference-image "
-                        "render) or point INFERENCE_ROOT at one")
+                        f"render) or point {ENV.root} at one")
     except InputError as exc:
         raise RenderedError(str(exc)) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("profile"), dict):

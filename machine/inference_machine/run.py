@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from . import boundary, join, rendered
+from .contract import ENV, FLEET_ROUTER_UNIT, NODE_UNIT_SUFFIX
 from .inputs import printable
-from .layout import FLEET_ROUTER_UNIT, NODE_UNIT_SUFFIX
 
 USAGE = "usage: inference-run [--leave|--seal] UNIT"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -80,7 +80,7 @@ def load_env(units: Path, unit: str) -> None:
 
 def argv_of(units: Path, unit: str) -> list[str]:
     argv = [expand(line, unit) for line in rendered.arg_lines(units / f"{unit}.args")]
-    return argv + os.environ.get("INFERENCE_EXTRA_ARGS", "").split()
+    return argv + os.environ.get(ENV.extra_args, "").split()
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -101,20 +101,20 @@ def multi_node(unit: str, role: str, doc: dict[str, Any]) -> str:
     if group is None:
         raise Refused(f"{unit}: this machine's place in its group is unknown (above)")
     rank, head, addr, ifname = group
-    os.environ.update({"INFERENCE_NODE_RANK": rank, "INFERENCE_HEAD": head,
-                       "INFERENCE_NODE_ADDR": addr, "VLLM_HOST_IP": addr,
+    os.environ.update({ENV.node_rank: rank, ENV.head: head,
+                       ENV.node_addr: addr, "VLLM_HOST_IP": addr,
                        "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname})
     return unit + NODE_UNIT_SUFFIX if role == "node" else unit
 
 
 def cpu_slice() -> None:
     """Instance i of k (INFERENCE_CPU_SLICE=i/k) takes the i-th k-th of this machine's cores."""
-    spec = os.environ.get("INFERENCE_CPU_SLICE", "")
+    spec = os.environ.get(ENV.cpu_slice, "")
     if not spec or os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
         return
     i, _, k = spec.partition("/")
     if not (i.isdigit() and k.isdigit() and int(k) > 0):
-        raise Refused(f"INFERENCE_CPU_SLICE={spec!r} is not i/k")
+        raise Refused(f"{ENV.cpu_slice}={spec!r} is not i/k")
     n = os.cpu_count() or 1
     lo, hi = int(i) * n // int(k), (int(i) + 1) * n // int(k) - 1
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{lo}-{max(hi, lo)}"
@@ -149,7 +149,7 @@ def checkpoint_word(unit: str, units: Path, doc: dict[str, Any]) -> str:
             boundary.remove(run / left)
         detach(startup("checkpoint", unit, "--pid", str(pid), "--units", str(units),
                        "--store", str(rendered.here("checkpoints")), "--run", str(run),
-                       "--criu", os.environ.get("INFERENCE_CRIU", doc["paths"]["criu"])))
+                       "--criu", os.environ.get(ENV.criu, doc["paths"]["criu"])))
     wait_s = float(doc["limits"]["checkpoint_word_s"])
     word: list[str] = []
     deadline = time.monotonic() + wait_s
@@ -166,8 +166,8 @@ def checkpoint_word(unit: str, units: Path, doc: dict[str, Any]) -> str:
         return word[2]
     if word[1:2] == ["cold"] and len(word) > 2 and word[2] != "-":
         # the plugin's gate answers 503 to all but the helper until it has taken the checkpoint
-        os.environ["INFERENCE_CHECKPOINT_TOKEN"] = word[2]
-        os.environ["INFERENCE_CHECKPOINT_GATE"] = str(run / f"{unit}.open")
+        os.environ[ENV.checkpoint_token] = word[2]
+        os.environ[ENV.checkpoint_gate] = str(run / f"{unit}.open")
     elif not word:
         warn(f"{unit}: no word from its checkpoint helper in {wait_s:.0f} s: it starts without a "
              "checkpoint")
@@ -179,10 +179,10 @@ def warm_cache_check() -> None:
     machine's (one line to the journal either way; it never stops the start); with
     serving.page_cache_prefetch, what the build recorded that a start reads is read now, in the
     background, while Python imports (its one line goes to the journal too)."""
-    if os.environ.get("INFERENCE_PREFETCH") == "1":
+    if os.environ.get(ENV.prefetch) == "1":
         detach(startup("prefetch"))
     try:
-        subprocess.run(startup("check", "--cache", os.environ["INFERENCE_CACHE"],
+        subprocess.run(startup("check", "--cache", os.environ[ENV.cache],
                                "--profile-json", str(rendered.here("profile_json"))),
                        stdin=subprocess.DEVNULL, stdout=sys.stderr, timeout=CHECK_TIMEOUT_S,
                        check=False)
@@ -197,7 +197,7 @@ def notify_argv(port: str, served: str, role: str, doc: dict[str, Any]) -> list[
     that has exited has not."""
     limits = doc["limits"]
     watch = {"head": "head",
-             "node": f"node:{os.environ.get('INFERENCE_HEAD', '')}:"
+             "node": f"node:{os.environ.get(ENV.head, '')}:"
                      f"{rendered.setting(doc, 'serving.node_port', '')}"}.get(role, "")
     return startup("notify", port, f"--watch={watch}", "--pid", str(os.getpid()),
                    f"--model={served}", "--stall-s", str(limits["stall_s"]),
@@ -216,10 +216,10 @@ def start(mode: str, unit: str, rest: list[str]) -> int:
     role = join.role() if join.has_file(rendered.here("fleet")) else "none"
     if mode == "leave" and role != "worker":
         return 0
-    if role == "worker" and not os.environ.get("INFERENCE_HOST"):
+    if role == "worker" and not os.environ.get(ENV.host):
         # a worker's instances serve the fleet's router on another machine (the firewall lets that
         # router in and no one else)
-        os.environ["INFERENCE_HOST"] = "0.0.0.0"
+        os.environ[ENV.host] = "0.0.0.0"
     elif role == "router" and unit == "router":
         unit = FLEET_ROUTER_UNIT
     if (mode == "run" and rendered.setting(doc, "serving.nodes", 1) > 1
@@ -231,9 +231,9 @@ def start(mode: str, unit: str, rest: list[str]) -> int:
     load_env(units, unit)
     if mode == "seal":
         from .cli import main as startup_main
-        cache = os.environ.get("INFERENCE_CACHE")
+        cache = os.environ.get(ENV.cache)
         if not cache:
-            raise Refused(f"{unit}.env sets no INFERENCE_CACHE")
+            raise Refused(f"{unit}.env sets no {ENV.cache}")
         return startup_main(["seal", "--cache", cache, "--profile-json",
                              str(rendered.here("profile_json")), *rest])
     cpu_slice()
@@ -244,14 +244,14 @@ def start(mode: str, unit: str, rest: list[str]) -> int:
     if mode == "leave":
         # no --port: nothing a router could know it by
         return join.main(["--leave", port]) if port else 0
-    if os.environ.get("INFERENCE_DRY_RUN") == "1":
+    if os.environ.get(ENV.dry_run) == "1":
         print(shlex.join(argv))
         return 0
     follow = ""
     if rendered.setting(doc, "serving.checkpoint", False) and os.environ.get(
-            "INFERENCE_CHECKPOINT") == "1":
+            ENV.checkpoint) == "1":
         follow = checkpoint_word(unit, units, doc)
-    if not follow and os.environ.get("INFERENCE_CACHE"):
+    if not follow and os.environ.get(ENV.cache):
         warm_cache_check()
     # a fleet worker's instance (it serves a model) starting again: the join may add it back once
     # it answers. The router's user cannot reach the instances' caches, and has nothing there.

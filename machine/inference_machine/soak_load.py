@@ -22,8 +22,9 @@ def main(argv: list[str]) -> None:
     tls = ep["tls"] != "off"
     ctx = ssl.create_default_context(cafile=ep["tls_cert"]) if tls else None
     url = f"{'https' if tls else 'http'}://127.0.0.1:{prof['router']['port']}/v1/completions"
-    units = (["nginx.service", "vllm-router.service"]
-             + [f"vllm@{i['name']}.service" for i in prof["instances"]])
+    unit = prof["contract"]["unit"]
+    units = ([unit["public"], unit["router"]]
+             + [unit["instance"].replace("@.", f"@{i['name']}.") for i in prof["instances"]])
     words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
              "juliet", "kilo", "lima"]
     lock = threading.Lock()

@@ -39,6 +39,7 @@ from . import boundary, checkpoint
 from .bounded_http import fetch
 from .bundle import BundleError
 from .checkpoint import CheckpointRefused, Criu, Timings
+from .contract import ENV
 from .inputs import printable
 
 # how long the helper waits for the start's main process to exist, and for a cold start to answer
@@ -242,7 +243,7 @@ def _helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str, p
         if not systemd:  # started by inference-run: its environment, overrides and all
             env.update({k: os.environ[k] for k in env if k in os.environ})
         port, model = port_and_model(units, instance)
-        cache = Path(env["INFERENCE_CACHE"])
+        cache = Path(env[ENV.cache])
     except (OSError, ValueError, KeyError) as exc:
         say(instance, f"starts without a checkpoint: its unit files do not say where it serves "
             f"({exc})")
@@ -304,7 +305,7 @@ def _helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str, p
         t = Timings()
         try:
             m = checkpoint.take(pid, port, model, dest, key, criu, t, token=token,
-                                weights=env.get("INFERENCE_CHECKPOINT_WEIGHTS", "host"))
+                                weights=env.get(ENV.checkpoint_weights, "host"))
         except checkpoint.InstanceLost as exc:
             # it must not serve: stopped, its unit's restart serves cold, with no take
             note_take_failed(store, instance, key, str(exc))

@@ -17,18 +17,25 @@ import jinja2
 import yaml
 
 from inference_image_vllm import switches  # the plugin's own names for what turns it on
-from inference_machine.layout import (
+from inference_machine import contract
+from inference_machine.contract import (
+    CACHE_PARTS,
+    DCGM_EXPORTER_PORT,
+    ENV,
     FIREWALL_TABLE,
     FLEET_ROUTER_UNIT,
+    MACHINE_FILES,
+    MACHINE_STATE,
+    NODE_EXPORTER_PORT,
     NODE_UNIT_SUFFIX,
     PATHS,
+    ROUTER_USER,
     RUNTIME_PROGRAMS,
+    SERVICE_USER,
+    STATUS_EXPORTER_PORT,
 )
 
 from .profiles import (
-    DCGM_EXPORTER_PORT,
-    NODE_EXPORTER_PORT,
-    STATUS_EXPORTER_PORT,
     SUPPORTED_RELEASES,
     Instance,
     Resolved,
@@ -39,29 +46,15 @@ MARKER = ".inference-image-render"
 # where the runtime's programs are linked (profile.json and the inference_service role read it)
 RUNTIME_PROGRAM_PATHS = [PATHS[k] for k in RUNTIME_PROGRAMS]
 
-# What first boot makes on each machine (and the ACME account, certificate and request that
-# belong to one machine's domain, and the fleet role its user-data gave it), and sysprep removes
-# before a snapshot.
-MACHINE_FILES = ("api_key", "api_key_map", "scrape_token", "scrape_token_map", "tls_cert",
-                 "tls_key", "public_listen", "endpoint", "acme_conf", "acme_state", "fleet")
-# What a machine writes of itself once it serves, not at first boot: its instances' CRIU
-# checkpoints (keyed by its GPUs' UUIDs). Sysprep removes them too, and its check fails an image
-# that holds one.
-MACHINE_STATE = ("checkpoints",)
 # the config.json shapes the models role checks an installed model against (what the render
 # sized the image by); the rest of a config (vocabulary, positions) a checkpoint may differ in
 CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
                  "num_key_value_heads", "head_dim")
 # The highest `systemd-analyze security` exposure each unit may have (0 closed .. 10 open), from
-# its sandbox (templates/etc/systemd/system/_sandbox.j2): tests/test_units.py checks the rendered
-# files, the security suite the units as the machine runs them (Debian's nginx unit with its
-# drop-in). docs/decisions.md#unit-sandboxes
-EXPOSURE_CEILINGS = {"vllm@": 4.0, "vllm-router": 2.5, "inference-firstboot": 3.5,
-                     "inference-acme": 3.5, "inference-join": 3.5, "nginx": 4.0}
-SERVICE_USER = "inference"
-# The router runs as a user of its own: it cannot write (or read) the compile caches vLLM loads
-# code from, nor signal vLLM's processes.
-ROUTER_USER = "inference-router"
+# its sandbox (templates/etc/systemd/system/_sandbox.j2; the contract's units): tests/test_units.py
+# checks the rendered files, the security suite the units as the machine runs them (Debian's nginx
+# unit with its drop-in). docs/decisions.md#unit-sandboxes
+EXPOSURE_CEILINGS = contract.exposure_ceilings()
 # Numbers the units, the router, the roles and the tests share, written here only: how long an
 # instance may take to start (cold compile), open files per service, node exporter's port, the
 # free space an instance needs beside its caches.
@@ -150,7 +143,7 @@ def cudagraph_sizes(r: Resolved) -> list[int]:
 # the helper beside its start for a restore (INFERENCE_CHECKPOINT)
 # (docs/decisions.md#checkpoint-and-restore-criu-with-cudas-checkpoint-api)
 CHECKPOINT_GATE = "inference_image_vllm.gate.Gate"
-CHECKPOINT_ENV = {"INFERENCE_CHECKPOINT": "1", "VLLM_SERVER_DEV_MODE": "1",
+CHECKPOINT_ENV = {ENV.checkpoint: "1", "VLLM_SERVER_DEV_MODE": "1",
                   "VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 # the kernel setting CRIU needs of a machine whose instances checkpoint: vLLM's processes
 # otherwise hold an io_uring, which CRIU cannot write
@@ -168,10 +161,10 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
     # vLLM starts several API server processes before one engine only from its CLI's `serve`
     entry = (["vllm.entrypoints.cli.main", "serve"] if s.api_servers > 1
              else ["vllm.entrypoints.openai.api_server"])
-    argv = ["${INFERENCE_PYTHON}", "-m", *entry,
+    argv = ["${" + ENV.python + "}", "-m", *entry,
             "--model", "${MODEL_PATH}",
             "--served-model-name", served_model_name(r),
-            "--host", "${INFERENCE_HOST}", "--port", str(inst.port),
+            "--host", "${" + ENV.host + "}", "--port", str(inst.port),
             "--max-num-seqs", str(s.max_num_seqs),
             "--max-model-len", str(s.max_model_len)]
     if r.target.local_config:
@@ -183,7 +176,7 @@ def vllm_argv(r: Resolved, inst: Instance) -> list[str]:
         # inference-run sets the address from the fleet file: the head's own, on the network the
         # nodes share
         argv += ["--pipeline-parallel-size", str(s.nodes), "--nnodes", str(s.nodes),
-                 "--node-rank", "0", "--master-addr", "${INFERENCE_NODE_ADDR}",
+                 "--node-rank", "0", "--master-addr", "${" + ENV.node_addr + "}",
                  "--master-port", str(s.node_port), "--distributed-executor-backend", "mp"]
     if s.api_servers > 1:
         argv += ["--api-server-count", str(s.api_servers)]
@@ -257,20 +250,19 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
     p = r.profile
     weights = r.target.fp8_hub_id if p.model.quantization == "fp8-checkpoint" else r.target.hub_id
     env = {
-        "INFERENCE_UNIT": inst.name,
+        ENV.unit: inst.name,
         # loopback only, except on a fleet worker, where inference-run opens it to the network
         # (the firewall lets the fleet's router in, and nothing else)
-        "INFERENCE_HOST": "127.0.0.1",
-        "INFERENCE_PYTHON": f"{PATHS['vllm_venv']}/bin/python",
+        ENV.host: "127.0.0.1",
+        ENV.python: f"{PATHS['vllm_venv']}/bin/python",
         "MODEL_PATH": model_path(p.model.target),
         "MODEL_SOURCE": weights or "local-config",
         # the root of the caches below: inference-run checks a warm-cache bundle there
-        "INFERENCE_CACHE": PATHS["cache"],
-        **({"INFERENCE_PREFETCH": "1"} if p.serving.page_cache_prefetch else {}),
-        "VLLM_CACHE_ROOT": f"{PATHS['cache']}/vllm",
-        "TORCHINDUCTOR_CACHE_DIR": f"{PATHS['cache']}/inductor",
-        "TRITON_CACHE_DIR": f"{PATHS['cache']}/triton",
-        "TMPDIR": f"{PATHS['cache']}/tmp",
+        ENV.cache: PATHS["cache"],
+        **({ENV.prefetch: "1"} if p.serving.page_cache_prefetch else {}),
+        # each cache part's folder, where its library looks (the contract's cache parts; the XDG
+        # ones are set by the unit itself, as systemd's Environment=)
+        **{k: v for k, v in contract.cache_env(PATHS["cache"]).items() if not k.startswith("XDG_")},
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -290,7 +282,7 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
             # routes); the engine core spawned and on the loopback, as CRIU writes it
             env.update(CHECKPOINT_ENV)
             # the helper's take leaves the weights in the images or in the model's files
-            env["INFERENCE_CHECKPOINT_WEIGHTS"] = p.serving.checkpoint_weights
+            env[ENV.checkpoint_weights] = p.serving.checkpoint_weights
         if p.serving.engine_process == "fork":
             # vLLM's CLI spawns its engine core, which imports everything the API server
             # imported again; forked, it starts with them (docs/decisions.md#ready-time)
@@ -333,7 +325,7 @@ def vllm_env(r: Resolved, inst: Instance) -> dict[str, str]:
         env["VLLM_TARGET_DEVICE"] = "cpu"
         # inference-run turns this slice into a VLLM_CPU_OMP_THREADS_BIND core range at start,
         # because the core count is a fact of the machine that boots, not of the build.
-        env["INFERENCE_CPU_SLICE"] = f"{inst.index}/{p.serving.instances}"
+        env[ENV.cpu_slice] = f"{inst.index}/{p.serving.instances}"
     return env
 
 
@@ -372,7 +364,7 @@ def router_argv(r: Resolved, fleet: bool = False) -> list[str]:
 
 def router_env(r: Resolved, unit: str = "router") -> dict[str, str]:
     return {
-        "INFERENCE_UNIT": unit,
+        ENV.unit: unit,
         "ROUTER_BIN": f"{PATHS['router_venv']}/bin/vllm-router",
     }
 
@@ -385,14 +377,14 @@ def node_argv(r: Resolved, inst: Instance) -> list[str]:
     argv = vllm_argv(r, inst)
     i = argv.index("--host")
     del argv[i:i + 4]  # --host H --port P: a node has no API server
-    argv[0:3] = ["${INFERENCE_VLLM}", "serve"]
+    argv[0:3] = ["${" + ENV.vllm + "}", "serve"]
     rank = argv.index("--node-rank")
-    argv[rank + 1], argv[rank + 3] = "${INFERENCE_NODE_RANK}", "${INFERENCE_HEAD}"
+    argv[rank + 1], argv[rank + 3] = "${" + ENV.node_rank + "}", "${" + ENV.head + "}"
     return [*argv, "--headless"]
 
 
 def node_env(r: Resolved, inst: Instance) -> dict[str, str]:
-    return {**vllm_env(r, inst), "INFERENCE_VLLM": f"{PATHS['vllm_venv']}/bin/vllm"}
+    return {**vllm_env(r, inst), ENV.vllm: f"{PATHS['vllm_venv']}/bin/vllm"}
 
 
 def units(r: Resolved) -> list[Unit]:
@@ -451,6 +443,9 @@ def profile_document(r: Resolved) -> dict[str, Any]:
         "service_user": SERVICE_USER,
         "router_user": ROUTER_USER,
         "limits": LIMITS,
+        # the machine's contract whole (inference_machine.contract): what everything but the
+        # machine's own programs reads it from
+        "contract": contract.as_data(),
     }
 
 
@@ -470,6 +465,10 @@ def ansible_vars(r: Resolved) -> dict[str, Any]:
         "inference_service_router_user": ROUTER_USER,
         "inference_paths": PATHS,
         "inference_runtime_programs": RUNTIME_PROGRAM_PATHS,
+        "inference_cache_parts": [c.name for c in CACHE_PARTS],
+        "inference_cache_mode": f"{contract.CACHE_MODE:04o}",
+        "inference_enabled_units": contract.enabled_units([i.name for i in r.instances]),
+        "inference_unit": dict(contract.UNIT),
         "nvidia_driver_enabled": r.is_gpu,
         "nvidia_driver_branch": v.driver_branch or "",
         "nvidia_driver_fabric_manager": p.hardware.nvswitch,
@@ -609,6 +608,10 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
     """relative path -> (content, mode)."""
     env = _jinja()
     ctx = {"r": r, "p": r.profile, "paths": PATHS, "user": SERVICE_USER, "router_user": ROUTER_USER,
+           "env": ENV,
+           # the cache parts the unit points by its own Environment= (the contract's XDG ones)
+           "xdg_env": " ".join(f"{k}={v}" for k, v in contract.cache_env(PATHS["cache"]).items()
+                               if k.startswith("XDG_")),
            "units": units(r),
            "fleet_router_unit": FLEET_ROUTER_UNIT, "node_unit_suffix": NODE_UNIT_SUFFIX,
            "firewall_table": FIREWALL_TABLE,
@@ -628,9 +631,8 @@ def files(r: Resolved) -> dict[str, tuple[str, int]]:
         tpl("etc/systemd/system/inference-checkpoint@.service.j2",
             "etc/systemd/system/inference-checkpoint@.service")
         tpl("etc/tmpfiles.d/inference-checkpoint.conf.j2", "etc/tmpfiles.d/inference-checkpoint.conf")
-    for name in ("vllm@.service", "vllm-router.service", "inference.target",
-                 "inference-firstboot.service", "inference-acme.service", "inference-acme.timer",
-                 "inference-join.service", "inference-join.timer", "nginx.socket"):
+    # every unit of the contract's but nginx's own (Debian's, with the drop-in below)
+    for name in (u.name for u in contract.UNITS if u.key != "public"):
         tpl(f"etc/systemd/system/{name}.j2", f"etc/systemd/system/{name}")
     tpl("etc/systemd/system/nginx.service.d/inference-image.conf.j2",
         "etc/systemd/system/nginx.service.d/inference-image.conf")

@@ -18,6 +18,8 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from . import switches
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -41,8 +43,8 @@ BODY = (b'{"error": {"message": "the instance is starting (its checkpoint is bei
 class Gate:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.token = os.environ.get("INFERENCE_CHECKPOINT_TOKEN", "").encode()
-        self.flag = os.environ.get("INFERENCE_CHECKPOINT_GATE", "")
+        self.token = os.environ.get(switches.CHECKPOINT_TOKEN, "").encode()
+        self.flag = os.environ.get(switches.CHECKPOINT_GATE, "")
         # a restored instance's gate is this object as the checkpoint wrote it: closed, looking
         # for the flag, which the helper of each start removes before it restores
         self.open = not (self.token and self.flag)

@@ -13,6 +13,11 @@ EMPTY_TOP_K = "INFERENCE_IMAGE_EMPTY_TOP_K"              # the cpu tier with spe
 PARALLEL_COMPILE = "INFERENCE_IMAGE_PARALLEL_COMPILE"    # serving.parallel_compile
 TRITON_KERNELS = "INFERENCE_IMAGE_TRITON_KERNELS"        # serving.triton_precompile: the tier
 TRITON_RECORD = "INFERENCE_IMAGE_TRITON_RECORD"          # the lab's recording (never rendered)
+# what the machine's runtime gives a start whose checkpoint helper holds its gate (the machine's
+# contract names them: inference_machine.contract.ENV; the plugin, beside vLLM, has not that
+# package, and tests/test_plugin_switches.py holds the two equal)
+CHECKPOINT_TOKEN = "INFERENCE_CHECKPOINT_TOKEN"          # the helper's token through the gate
+CHECKPOINT_GATE = "INFERENCE_CHECKPOINT_GATE"            # the gate's flag file
 
 # what the render may write (the lab's table path is the lab's own)
 RENDERED = (FP8_DISPATCH, TRITON_DECODE_TOKENS, TRITON_DECODE_VERIFY, EARLY_FIRST_TOKEN,

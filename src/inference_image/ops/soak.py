@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inference_machine.layout import PATHS
+from inference_machine.contract import PATHS
 
 from ..tables import text_table
 from .bench import positive_int, results_json
