@@ -8,6 +8,7 @@ import json
 import shlex
 import socket
 import time
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -443,8 +444,8 @@ def test_a_real_prometheus_scrapes_every_target_with_the_token_and_not_without(
                 "authorization": {"credentials_file": str(tmp_path / token)},
                 **({"tls_config": {"ca_file": str(tmp_path / "cert.pem")}} if public.tls else {}),
                 "static_configs": [{"targets": [address], "labels": {
-                    "__metrics_path__": f"/metrics/{t}", "target": t}}
-                    for t in scrape_targets]}
+                    "__metrics_path__": f"/metrics/{t}", "target": t,
+                    **profile["contract"]["scrape_label"]}} for t in scrape_targets]}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(
         {"scrape_configs": [job("inference-image", "token"), job("wrong-token", "wrong")]}))
     with socket.socket() as s:
@@ -476,6 +477,12 @@ def test_a_real_prometheus_scrapes_every_target_with_the_token_and_not_without(
             f"scraped with a wrong token: {refused}"
         q = json.loads(fetch(f"{api}/query?query=vllm:num_requests_running", deadline_s=5).body)
         assert q["data"]["result"], f"no vLLM series stored: {q}"
+        # what the shipped alert rules and dashboard select: every target of this machine, up
+        (label, value), = profile["contract"]["scrape_label"].items()
+        selector = urllib.parse.quote(f'up{{{label}="{value}",job="inference-image"}}')
+        q = json.loads(fetch(f"{api}/query?query={selector}", deadline_s=5).body)
+        ups = {r["metric"]["target"]: r["value"][1] for r in q["data"]["result"]}
+        assert ups == {t: "1" for t in scrape_targets}, ups
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -27,6 +27,7 @@ from inference_image import cli
 from inference_image.ops import fleet, fleet_api
 from inference_image.profiles import ProfileErrors
 from inference_image.render import PATHS
+from inference_machine import contract
 
 EXAMPLE = ROOT / "docs/examples/fleet-h100x8.yaml"
 GROUP = ROOT / "docs/examples/fleet-cpu-2node.yaml"
@@ -514,6 +515,65 @@ def test_scrape_config_scrapes_every_droplet_with_its_own_token_and_prometheus_t
                       and b["name"] == "llama70b-workers")
     assert {"protocol": "tcp", "ports": "8000",
             "sources": {"addresses": ["198.51.100.0/24"]}} in workers_fw["inbound_rules"]
+
+
+def _fleet_series(api: StandinApi, capsys, tmp_path: Path) -> list[dict[str, str]]:
+    """The `up` series a Prometheus run from `fleet scrape-config` stores: a job's static labels
+    (the double-underscore ones dropped, as Prometheus drops them), its job and the instance."""
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text(EXAMPLE.read_text())
+    assert cli.main(["fleet", "up", str(spec)]) == 0, capsys.readouterr().err
+    for d in api.droplets.values():
+        d["status"] = "active"
+        d["networks"]["v4"] = [{"ip_address": f"203.0.113.{d['id'] - 1000}", "type": "public"}]
+    capsys.readouterr()
+    assert cli.main(["fleet", "scrape-config", str(spec)]) == 0
+    jobs = yaml.safe_load(capsys.readouterr().out)["scrape_configs"]
+    return [{**{k: v for k, v in s["labels"].items() if not k.startswith("__")},
+             "job": j["job_name"], "instance": s["targets"][0]}
+            for j in jobs for s in j["static_configs"]]
+
+
+def test_the_shipped_alert_rules_fire_on_the_series_a_fleets_scrape_config_makes(
+        api: StandinApi, capsys, tmp_path: Path) -> None:
+    """`promtool test rules` on docs/operations/alerts.yml with the `up` series of a fleet scraped
+    as `fleet scrape-config` writes it: a worker's instance down fires InferenceTargetDown for it
+    alone; every droplet up fires nothing. The rules select the label every job carries, not a job
+    name: the same test on rules that select `job="inference-image"` fails."""
+    import shutil
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package, `make deps`)"
+    series = _fleet_series(api, capsys, tmp_path)
+    down = next(s for s in series if s["role"] == "worker" and s["target"] == "vllm-1")
+    assert len({s["job"] for s in series}) > 1  # a job a droplet: no one job name to select
+
+    def sel(s: dict[str, str]) -> str:
+        return "up{" + ", ".join(f'{k}="{v}"' for k, v in sorted(s.items())) + "}"
+    tests = {"rule_files": ["alerts.yml"], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m",
+         "input_series": [{"series": sel(s), "values": "0x10" if s is down else "1x10"}
+                          for s in series],
+         "alert_rule_test": [
+             {"eval_time": "5m", "alertname": "InferenceTargetDown", "exp_alerts": [
+                 {"exp_labels": {**down, "severity": "critical"},
+                  "exp_annotations": {"summary": f"{down['instance']} {down['target']}: "
+                                                 "its metrics do not answer"}}]}]},
+        {"interval": "1m",
+         "input_series": [{"series": sel(s), "values": "1x10"} for s in series],
+         "alert_rule_test": [{"eval_time": "5m", "alertname": "InferenceTargetDown",
+                              "exp_alerts": []}]}]}
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    shipped = (ROOT / "docs/operations/alerts.yml").read_text()
+
+    def run(rules: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "alerts.yml").write_text(rules)
+        return subprocess.run([promtool, "test", "rules", str(tmp_path / "tests.yml")],
+                              capture_output=True, text=True, check=False)
+    ok = run(shipped)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    label, value = contract.SCRAPE_LABEL
+    by_job = shipped.replace(f'up{{{label}="{value}"}}', 'up{job="inference-image"}')
+    assert by_job != shipped and run(by_job).returncode != 0
 
 
 def test_a_scrape_from_that_is_no_network_is_one_line(tmp_path: Path, capsys) -> None:

@@ -15,6 +15,7 @@ from conftest import ROOT
 
 from inference_image.profiles import resolve
 from inference_image.render import PATHS, ansible_vars, prometheus_targets, render, scrape_targets
+from inference_machine import contract
 
 DOC = ROOT / "docs/operations.md"
 
@@ -61,6 +62,9 @@ def test_the_documented_targets_are_what_a_one_instance_tier_serves() -> None:
     assert paths == served, (paths, served)
     assert all(s["labels"]["target"] == s["labels"]["__metrics_path__"].rsplit("/", 1)[1]
                for s in job["static_configs"])
+    # the label the shipped rules and dashboard select, on every target
+    label, value = contract.SCRAPE_LABEL
+    assert all(s["labels"].get(label) == value for s in job["static_configs"])
 
 
 def test_the_shipped_alert_rules_are_ones_prometheus_takes(tmp_path: Path) -> None:
@@ -100,6 +104,13 @@ def test_every_dashboard_query_is_promql_prometheus_parses(tmp_path: Path) -> No
     assert metrics and all(metrics.values()), metrics
     doc = json.loads((ROOT / DASHBOARD).read_text())
     assert {v["name"] for v in doc["templating"]["list"]} == {"datasource", "instance"}
+    # every query selects the machines by the label every scrape job carries, none by a job name
+    # (a fleet's scrape-config names one job a droplet)
+    label, value = contract.SCRAPE_LABEL
+    queries = [t["expr"] for p in doc["panels"] for t in p["targets"]] + [
+        v["query"] for v in doc["templating"]["list"] if v["name"] == "instance"]
+    assert queries and all(f'{label}="{value}"' in q and "job=" not in q for q in queries), \
+        [q for q in queries if f'{label}="{value}"' not in q or "job=" in q]
     assert all(t["datasource"]["uid"] == "${datasource}" for p in doc["panels"]
                for t in p["targets"])
 
@@ -117,6 +128,8 @@ def test_the_local_agent_and_the_public_port_list_the_same_sources(tmp_path: Pat
     assert written == prometheus_targets(r)
     assert {g["labels"]["job"] for g in written} == {"vllm", "vllm-router", "node", "nginx",
                                                      "dcgm"}
+    label, value = contract.SCRAPE_LABEL
+    assert all(g["labels"][label] == value for g in written)
     # a tier without GPUs has no DCGM exporter to list
     assert "dcgm" not in {g["labels"]["job"] for g in prometheus_targets(resolve("cpu"))}
 

@@ -130,6 +130,10 @@ def cache_env(root: str) -> dict[str, str]:
 NODE_EXPORTER_PORT = 9100
 STATUS_EXPORTER_PORT = 3903
 DCGM_EXPORTER_PORT = 9400
+# the label every scrape job this project writes carries (the one-machine configuration of
+# docs/operations.md, `fleet scrape-config`'s job a droplet, the machine's own file_sd list):
+# alert rules and the dashboard select it, since job names differ from one writer to the next
+SCRAPE_LABEL = ("service", "inference-image")
 
 
 # ---- units --------------------------------------------------------------------------------------
@@ -243,4 +247,5 @@ def as_data() -> dict[str, Any]:
         "runtime_programs": [PATHS[k] for k in RUNTIME_PROGRAMS],
         "env": asdict(ENV),
         "firewall_table": FIREWALL_TABLE,
+        "scrape_label": {SCRAPE_LABEL[0]: SCRAPE_LABEL[1]},
     }

@@ -601,7 +601,9 @@ def prometheus_targets(r: Resolved) -> list[dict[str, Any]]:
     jobs: dict[str, list[str]] = {}
     for s in metrics_sources(r):
         jobs.setdefault(s["job"], []).append(f"127.0.0.1:{s['port']}")
-    return [{"targets": targets, "labels": {"job": job}} for job, targets in jobs.items()]
+    label, value = contract.SCRAPE_LABEL
+    return [{"targets": targets, "labels": {"job": job, label: value}}
+            for job, targets in jobs.items()]
 
 
 def files(r: Resolved) -> dict[str, tuple[str, int]]:

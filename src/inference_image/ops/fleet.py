@@ -46,7 +46,7 @@ from pydantic import (
     field_validator,
 )
 
-from inference_machine import writers
+from inference_machine import contract, writers
 from inference_machine.inputs import InputError, read_json
 
 from ..profiles import ProfileError, ProfileErrors, Resolved, pydantic_errors, read_yaml, resolve
@@ -645,6 +645,7 @@ def scrape_config(p: Plan, c: Any) -> str:
     (docs/operations.md): a job a droplet, each with that machine's scrape token and certificate
     (copied into /etc/prometheus/inference-image/<droplet>/)."""
     scheme = "https" if p.tier.profile.router.tls != "off" else "http"
+    label, value = contract.SCRAPE_LABEL
     jobs = []
     droplets = sorted(_fleet_droplets(c, p.spec), key=lambda d: (str(d.get("name")), d.get("id")))
     names = collections.Counter(str(d.get("name")) for d in droplets)
@@ -663,7 +664,7 @@ def scrape_config(p: Plan, c: Any) -> str:
             "authorization": {"credentials_file": f"{where}/scrape-token"},
             "static_configs": [{"targets": [writers.host_port(public, p.tier.profile.router.port)],
                                 "labels": {"__metrics_path__": f"/metrics/{t}", "target": t,
-                                           "droplet": name, "role": role}}
+                                           "droplet": name, "role": role, label: value}}
                                for t in scrape_targets_of(p, role)]}
         if scheme == "https":
             job["tls_config"] = {"ca_file": f"{where}/cert.pem"}
