@@ -18,6 +18,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from inference_image_vllm import triton_kernels
+
+# the exporters on loopback: no profile port may take theirs
+from inference_machine.contract import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, STATUS_EXPORTER_PORT
 from inference_machine.inputs import InputError, read_text
 
 from . import memory
@@ -208,13 +211,6 @@ TP_OUTSIDE_MIN_GIB = 9.5
 # A profile is a page of settings: limits far above any real one, far below what hangs a loader.
 MAX_FILE_BYTES = 256 * 1024
 MAX_SET_CHARS = 4096
-# Prometheus' node exporter, on loopback (the observability role): no profile port may take it.
-NODE_EXPORTER_PORT = 9100
-# NVIDIA's DCGM exporter on a GPU tier, on loopback (its own default port): the same.
-DCGM_EXPORTER_PORT = 9400
-# mtail, on loopback (its own default port), counting the public port's answers by status from
-# nginx's log of them: the same.
-STATUS_EXPORTER_PORT = 3903
 def yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
     """(what is wrong, the fix) for a YAML error, naming where and what it met."""
     mark = getattr(exc, "problem_mark", None)
