@@ -121,6 +121,16 @@ def test_every_committed_record_is_of_the_one_schema() -> None:
         assert r.anchor() in linked  # what docs link to, e.g. benchmarks.md#run-N
 
 
+def test_the_evidence_names_no_path_of_the_machine_it_was_written_on() -> None:
+    """A record says what was run in the repository's terms (a fresh clone, a path under the
+    checkout), never where this checkout or its neighbours sit on the build host."""
+    root = ledger.project_root()
+    own = [str(root.resolve()) + "/", "../shared/", "/tmp/fresh"]
+    pages = [root / "docs" / "benchmarks.md", *sorted((root / "docs" / "benchmarks").glob("*.json"))]
+    found = {p.name: w for p in pages for w in own if w in p.read_text()}
+    assert not found, found
+
+
 def test_ready_time_shows_the_newest_starts_as_shipped_and_the_newest_restore() -> None:
     """The ready table keeps the newest run of the render as it ships beside the newest run
     that restored a checkpoint (its server ran with sleep mode, labelled so); a run with sleep
