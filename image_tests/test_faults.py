@@ -44,7 +44,7 @@ pytestmark = pytest.mark.serving
 LOAD_S = 20          # seconds of load per fault
 KILL_AFTER_S = 5     # the fault comes this long into the load
 WORKERS = 4
-NGINX_BACK_S = 5     # issue 19's target for the public port itself
+NGINX_BACK_S = 5     # nginx restarts in about a second: five is a public port that heals
 BALANCED_S = 120     # vllm-router takes a failed instance back ~60 s after its failure
 
 

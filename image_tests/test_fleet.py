@@ -1,4 +1,4 @@
-"""fleet: a worker of a fleet (issue 18) registers its instances with the fleet's router at boot and
+"""fleet: a worker of a fleet registers its instances with the fleet's router at boot and
 every 15 s after (inference-join.timer). Here the machine's own vllm-router stands in for the
 fleet's router, a real one of the same version: an instance taken out of it with vllm-router's
 /remove_worker is back in its /list_workers once inference-join has run with a fleet file naming

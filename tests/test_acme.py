@@ -1,4 +1,4 @@
-"""A certificate from an ACME CA for a domain user-data names (issue 19, item 8), as rendered:
+"""A certificate from an ACME CA for a domain user-data names, as rendered:
 the settings file is checked before anything reaches lego (one line each, naming the setting and
 the fix), nothing runs without it or with TLS off, and first boot's endpoint file names the
 domain once inference-acme has installed its certificate. The issuance itself (lego against a

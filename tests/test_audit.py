@@ -1,4 +1,4 @@
-"""The audit's findings (issue 21), each as behaviour: the build key cannot survive sysprep, the
+"""The security audit's findings, each as behaviour: the build key cannot survive sysprep, the
 first boot cannot leave a key and a map that disagree, hostile profile input is refused with one
 line, the public port passes only the OpenAI routes, a dead engine is restarted, and a verify
 run whose suite passed nothing fails."""

@@ -1,4 +1,4 @@
-"""Issue 67's corpus of hostile inputs, as a user would give them to the CLI: each ends in a clear
+"""A corpus of hostile inputs, as a user would give them to the CLI: each ends in a clear
 error (exit 1, or argparse's 2) within seconds, says what is wrong, and prints no traceback; none
 is accepted with the bad value in the output, and none hangs."""
 

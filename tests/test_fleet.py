@@ -1,4 +1,4 @@
-"""inference-image fleet (issue 18): a fleet file's plan (droplets, cost, endpoint, firewalls,
+"""inference-image fleet: a fleet file's plan (droplets, cost, endpoint, firewalls,
 each role's user-data), the DigitalOcean API calls `up` makes, and one clear line for each bad
 field. No API is reachable from here: `up`, `status` and `down` run their real pydo client
 against a stand-in of DigitalOcean's API (StandinApi, HTTPS on loopback, the few routes they

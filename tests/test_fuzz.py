@@ -1,5 +1,5 @@
 """Every command that reads a file a user names, given every kind of file that is not what it
-expects (issue 76, item 7): each ends within seconds with exit 0-2, says what is wrong in one or
+expects: each ends within seconds with exit 0-2, says what is wrong in one or
 two lines naming the input, prints no traceback and writes nothing outside its --out. And --set
 values drawn by hypothesis: refused in one line or accepted, never a traceback."""
 

@@ -42,7 +42,7 @@ CASES = [json.loads(line) for line in (SRC / "corpus-v2.jsonl").read_text().spli
 
 
 # The corpus ran the machine's programs as the render once held them, bash files under usr/local of
-# a base render; they are now the machine's runtime's console scripts (machine/, issue 98), which
+# a base render; they are now the machine's runtime's console scripts (machine/), which
 # read the render's profile.json under INFERENCE_ROOT. `as-render TIER PROGRAM` (fixtures.sh)
 # puts the base render's profile.json into the case's scratch root and runs the program there:
 # the same input reaches the same program logic.

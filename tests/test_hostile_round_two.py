@@ -1,4 +1,4 @@
-"""Issue 96's second round of hostile inputs, by class, beside the corpus (test_hostile_corpus):
+"""The second round of hostile inputs, by class, beside the corpus (test_hostile_corpus):
 each is refused in one line, bounded, or harmless; none hangs or raises a traceback."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Profiles, templates, roles, playbooks, Packer, scripts and the build files are data and
 code: a comment says what a setting does and why, and links to its evidence; measured figures
-and run numbers live in docs/ only (issue 68)."""
+and run numbers live in docs/ only."""
 
 from __future__ import annotations
 
@@ -84,3 +84,18 @@ def test_the_python_rule_finds_what_it_is_for(tmp_path: Path) -> None:
                  'Y = 2  # 1.4x vanilla\nZ = 3  # every multi-GPU Run (42-47)\n'
                  'W = 4  # it used 61.7 GiB\nV = 5  # docs/benchmarks.md#run-44\n')
     assert sorted(i for i, t in python_notes(f) if PY_FIGURE.search(t)) == [1, 3, 4, 5, 6]
+
+
+# this project's issue named where the reason should be ("issue 67", "issue 19, item 8"); another
+# project's issue (vLLM's, as evidence of a figure) names its project first
+OWN_ISSUE = re.compile(r"(?<!vLLM )(?<!vllm )\b[Ii]ssues? #?\d+")
+
+
+def test_a_note_says_its_reason_and_not_an_issue_number() -> None:
+    hits = [f"{p.relative_to(ROOT)}:{i}: {text.strip()[:100]!r}"
+            for p in PY_FILES for i, text in python_notes(p) if OWN_ISSUE.search(text)]
+    hits += [f"{p.relative_to(ROOT)}:{i}: {text.strip()[:100]!r}"
+             for p in FILES for i, text in comments(p) if OWN_ISSUE.search(text)]
+    assert not hits, "say why, not which issue asked:\n" + "\n".join(hits)
+    assert OWN_ISSUE.search("the units before issue 67") and \
+        not OWN_ISSUE.search("(vLLM issue 26191, quoting PR 17504)")

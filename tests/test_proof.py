@@ -1572,7 +1572,7 @@ def test_a_step_serves_the_table_tune_measured_only_when_asked_and_says_so(
 
 
 def test_the_roofline_share_is_printed_to_a_tenth_so_a_row_under_the_line_reads_under_it() -> None:
-    """A draft-off start just under issue 16's roofline target: the
+    """A draft-off start just under the roofline target: the
     table rounded it up to the target it missed."""
     row = {"concurrency": 1, "output_tok_s": 259.29, "ttft_ms_mean": 25.9, "ttft_ms_p99": 34.7,
            "tpot_ms_mean": 3.81}

@@ -1,4 +1,4 @@
-"""A value from a profile or the catalog is data wherever the render writes it (issue 67). Hostile
+"""A value from a profile or the catalog is data wherever the render writes it. Hostile
 strings go into every string field of the schema, one at a time: either validation refuses the
 value with a ProfileErrors (field, why, fix), or every rendered file still parses in its own
 language and carries the value only as data (quoted JSON, an !unsafe YAML string, an escaped HCL
@@ -26,7 +26,7 @@ from inference_image.profiles import ProfileErrors, resolve
 from inference_image.render import files, unsafe_yaml
 from inference_image.schema import CatalogModel, Profile
 
-# what the hostile-input review reproduced (issue 67), then what the generator adds
+# what the hostile-input review reproduced, then what the generator adds
 CORPUS = ["::%$(id>PWNED)", "::%x\nlisten 80;", "main\n{{ lookup('pipe','id') }}", "--local-dir=/etc",
           "/tmp/evil.py", "../../..", "${HF_TOKEN}", "#x", "--host 0.0.0.0", "$(touch /tmp/pwn)",
           "`id`", "a'b\"c", "x;y", "{{ 7*7 }}", "%{ if true }x%{ endif }", "${var.tier}",

@@ -1,7 +1,7 @@
 """The build's last step against a real sshd (Debian's openssh-server, unpacked under build/):
 sshd reads its host keys and the authorized keys for every new connection, so once sysprep
-removed them a build step that opened a new connection failed ("ssh: handshake failed: EOF",
-issue 67). The seal removes them inside the session that ends the build."""
+removed them a build step that opened a new connection failed ("ssh: handshake failed: EOF").
+The seal removes them inside the session that ends the build."""
 
 from __future__ import annotations
 

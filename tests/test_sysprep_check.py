@@ -1,8 +1,8 @@
 """The sysprep role's check and the marketplace suite's OS checks against a Debian 12 and an Ubuntu
 24.04 root (each base image's /etc/os-release and account files, the host's own tools copied in),
 run in a chroot: the check as the role runs it, the suite through testinfra's chroot backend.
-A GPU tier builds on Ubuntu 24.04 and the cpu tier on Debian 12 (issue 67: the check refused
-every release but Debian 12, so no GPU tier's DigitalOcean build could have finished)."""
+A GPU tier builds on Ubuntu 24.04 and the cpu tier on Debian 12 (a check that refused
+every release but Debian 12 once stopped every GPU tier's DigitalOcean build)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The public port's TLS and rate limit (issue 19, item 8), as rendered and as first boot makes
+"""The public port's TLS and rate limit, as rendered and as first boot makes
 them: a certificate per machine, a listen file nginx cannot start without, the choice of plain
 HTTP by profile or user-data, and a per-address limit that answers 429. The running nginx is
 checked by image_tests/test_security.py in the molecule scenario."""

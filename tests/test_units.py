@@ -50,7 +50,7 @@ def test_every_unit_is_at_or_under_its_exposure_ceiling(tmp_path: Path, tier: st
 
 
 def test_the_ceilings_are_not_the_old_units(tmp_path: Path) -> None:
-    """The units before issue 67 (NoNewPrivileges, ProtectSystem=full, ProtectHome, PrivateTmp
+    """The units before their hardening (NoNewPrivileges, ProtectSystem=full, ProtectHome, PrivateTmp
     only) measured 8.5-9.6: each ceiling must be one they would not meet."""
     old = tmp_path / "old.service"
     old.write_text("[Service]\nExecStart=/bin/true\nUser=nobody\nNoNewPrivileges=yes\n"

@@ -135,9 +135,9 @@ NO_DRAFT = ("model.speculative.method=none", "model.speculative.draft=null")
 MAX_HOST_GPUS = 8  # the most GPUs of one machine that DigitalOcean or the proof's lender offers
 VANILLA_MEMORY_SHARE = 0.9  # vLLM's default --gpu-memory-utilization: what bf16 must fit below (vanilla_step)
 CHAT_CONCURRENCY = (*bench.CONCURRENCY, *bench.SATURATION)  # 1-64, bench's own lists
-# Issue 16's bar for a speculating image against vanilla: twice vanilla's tok/s at c=1 and one and
-# a half times at every other concurrency; at c=1 it also asks what stands between the image and
-# three times.
+# The bar a speculating image must clear against vanilla to be worth its draft: twice vanilla's
+# tok/s at c=1 and one and a half times at every other concurrency; at c=1 it also asks what stands
+# between the image and three times.
 SPEC_BAR_C1 = (2.0, 3.0)
 SPEC_BAR = 1.5
 

@@ -41,7 +41,7 @@ def vanilla_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int, 
 
 def acceptance_needed(res: dict[str, Any]) -> list[dict[str, Any]]:
     """For one render (profile and plugin digests) served at two or more set acceptance lengths
-    beside vanilla: the length a step would need to reach each of issue 16's bars, per scenario
+    beside vanilla: the length a step would need to reach each of proof_plan's bars, per scenario
     and concurrency. Linear in tok/s between the measured lengths that bracket the bar: a step
     costs about the same whatever it accepts (docs/tiers/h200.md#speculative), so tok/s
     follows the length. A bar above the longest length measured is `beyond` (with 4.0 = k+1
@@ -125,7 +125,7 @@ def ready_lines(res: dict[str, Any]) -> list[str]:
 def assemble(res: dict[str, Any], r: Resolved) -> str:
     """The summary table (printed last: what the device reply shows), with each config's ratio
     to vanilla, acceptance, the c=1 share of the memory roofline, and the acceptance each of
-    issue 16's bars needs where one render ran at several lengths."""
+    proof_plan's bars needs where one render ran at several lengths."""
     runs: dict[str, list[dict[str, Any]]] = res.get("runs", {})
     van = vanilla_rows(runs)
     bw = (res.get("bandwidth") or {}).get("read_bw_tbs")
@@ -174,7 +174,7 @@ def assemble(res: dict[str, Any], r: Resolved) -> str:
     res["roofline_c1"] = roof
     lines += text_table(rows_out, align="l" + "r" * (len(rows_out[0]) - 1)).split("\n")
     for cfg, rf in roof.items():
-        # one decimal: issue 16's 70 % line is crossed by tenths
+        # one decimal: a row just under the roofline target must not read as on it
         lines.append(f"roofline c=1 {cfg}: {rf['tok_s']} of {rf['roofline_tok_s']} tok/s "
                      f"= {rf['fraction']:.1%}")
     base = res.get("greedy", {}).get("draft-off")

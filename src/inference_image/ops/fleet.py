@@ -1,4 +1,4 @@
-"""inference-image fleet: several droplets of one snapshot behind one endpoint (issue 18).
+"""inference-image fleet: several droplets of one snapshot behind one endpoint.
 
 A fleet file names a tier, how many droplets of it serve (workers), where (region, VPC) and from
 which snapshot (an id, or the Packer manifest of a DigitalOcean build). One more droplet, the

@@ -1,8 +1,9 @@
 """`inference-image soak`: steady load on a serving machine for minutes, through its public port,
 from the machine itself (no network between, no rate limit on loopback): per minute, the
 requests that succeeded and failed (by status), latency percentiles, and the resident memory of
-every service on the request path. It ends with the two soak targets of issue 19: no failed
-request, and no service's memory more than 10 % above its first-minute size.
+every service on the request path. It ends with the two soak targets a long-running endpoint must meet: no
+failed request, and no service's memory more than 10 % above its first-minute size (a leak shows
+as steady growth past the warm-up).
 
 The load runs on the machine as a detached process (stdlib Python), so a dropped SSH connection
 does not end it; this side polls its output."""
@@ -25,7 +26,7 @@ from ..tables import text_table
 from .bench import positive_int, results_json
 from .verify import PROFILE_JSON, VerifyError, parse_target, preflight, remote
 
-GROWTH_LIMIT = 0.10  # issue 19: no service's resident memory more than 10 % above minute 1
+GROWTH_LIMIT = 0.10  # more than this above minute 1 is a leak, not the warm-up's caches
 POLL_TIMEOUT_S = 180
 WORK = "/var/tmp/inference-image-soak"
 
