@@ -47,7 +47,7 @@ test: unit slow hostile molecule ## unit tests, the slow ones, the hostile-input
 
 test-more: criu molecule-gpu checkpoint-units chroot-proof ## CRIU's real dump and restore (built from source), the driver role's user space, the checkpoint's units under systemd, the cpu tier installed through chroot air-gapped and booted
 
-# ROOM=machine|build|ops|lab|plugin: one room's tests alone (tests/conftest.py says which file is whose)
+# ROOM=machine|build|ops|lab|plugin: one room's tests alone (tests/<room>/, a folder a room)
 ROOM ?=
 unit: setup ## unit tests, nothing built first (ROOM=machine etc. for one room; exit code 5, no tests collected, fails too)
 	@rc=0; $(BIN)/pytest -q -n auto --dist loadfile -m "not hostile and not criu and not slow and not serial$(if $(ROOM), and $(ROOM))" tests || rc=$$?; \
@@ -65,7 +65,7 @@ criu: setup ## CRIU's real dump and restore of a process tree (builds CRIU from 
 	if [ $$rc -eq 5 ]; then echo "make criu: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 hostile: setup ## the hostile-input corpora (v2: tests/hostile, 345 cases; v3: tests/hostile3, 250): each ends in a clear error or harmlessly (a few minutes)
-	@rc=0; $(BIN)/pytest -q -n 4 --dist loadgroup -m hostile tests/test_hostile_corpus.py tests/test_hostile_corpus_v3.py || rc=$$?; \
+	@rc=0; $(BIN)/pytest -q -n 4 --dist loadgroup -m hostile tests/build/test_hostile_corpus.py tests/build/test_hostile_corpus_v3.py || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make hostile: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The molecule scenario's inputs, all from this machine: a Debian 12 systemd image from Debian's
@@ -82,7 +82,7 @@ chroot-proof: molecule-inputs ## the cpu tier installed into a root folder by si
 	PATH=$(CURDIR)/$(BIN):$$PATH scripts/chroot-proof
 
 checkpoint-units: molecule-image ## serving.checkpoint's units (the root helper, the gate, the word) under systemd in the molecule image, no GPU
-	@rc=0; INFERENCE_SYSTEMD_IMAGE=$(MOLECULE_IMAGE) $(BIN)/pytest -q tests/test_checkpoint_units.py || rc=$$?; \
+	@rc=0; INFERENCE_SYSTEMD_IMAGE=$(MOLECULE_IMAGE) $(BIN)/pytest -q tests/machine/test_checkpoint_units.py || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make checkpoint-units: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 molecule-inputs: molecule-image ## the cpu render and the air-gapped wheelhouses the molecule scenario installs
@@ -154,7 +154,7 @@ evidence: setup ## rewrite docs/benchmarks.md and docs/charts/ from the records 
 	$(BIN)/inference-lab ledger --write
 
 golden: setup ## rewrite tests/golden after an intended render change (review the diff!)
-	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/test_render.py -k golden
+	UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/build/test_render.py -k golden
 
 gpu-systemd-root: ## .devsd/: Debian 12 systemd, nginx, OpenSSH and nftables for the GPU machine, and the scripts that lay them over its root, boot and check it there
 	scripts/gpu-systemd-root .devsd

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from inference_image.cause import failure_cause
+from inference_image.ops.cause import failure_cause
 from inference_image.render import PATHS
 
 PROFILE_JSON = PATHS["profile_json"]  # the one path a test must know before the host says

@@ -36,7 +36,7 @@ from conftest import (
     why_not_serving,
 )
 
-from inference_image.cause import CPU_NO_MEMORY
+from inference_image.ops.cause import CPU_NO_MEMORY
 from inference_machine import contract
 
 pytestmark = pytest.mark.serving

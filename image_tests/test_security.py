@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from conftest import HostKey, Public, http, tcp_open, wait_for
 
-from inference_image.observability import DCGM_PREFIX, dashboard_metrics, rules_metrics
 from inference_image.ops.bench import metric_samples
+from inference_image.ops.observability import DCGM_PREFIX, dashboard_metrics, rules_metrics
 from inference_image.render import EXPOSURE_CEILINGS, FIREWALL_TABLE
 
 # Most checks need the stack serving; the ones on files, the firewall and the ports closed to the

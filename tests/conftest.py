@@ -4,6 +4,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -150,22 +151,27 @@ def machine(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]) -
     return Machine(root, etc, tmp_path / "profile.json", handler)
 
 
-# Each test file's room (pyproject's markers): `pytest -m machine` runs the machine's runtime's
-# tests alone. A file not named here is the build host's.
-ROOMS = {
-    "machine": ("test_acme", "test_banner", "test_boundary", "test_checkpoint",
-                "test_checkpoint_units", "test_join", "test_multinode", "test_startup", "test_tls",
-                "test_unit_checkpoint", "test_hostile_round_two", "test_version_info"),
-    "ops": ("test_bench", "test_cause", "test_fleet", "test_operations", "test_soak",
-            "test_verify", "test_readme_client", "test_gpu_suite"),
-    "lab": ("test_ledger", "test_proof", "test_sandbox", "test_spy", "test_stacks",
-            "test_standin_weights", "test_trace"),
-    "plugin": ("test_compile_pool", "test_decode_graphs", "test_first_token", "test_plugin",
-               "test_plugin_switches", "test_schedule", "test_triton_kernels"),
-}
-ROOM_OF = {name: room for room, names in ROOMS.items() for name in names}
+def anchors(page: Path) -> set[str]:
+    """A Markdown page's heading anchors as GitHub makes them (lower case, punctuation dropped,
+    spaces as hyphens), fenced code left out."""
+    out: set[str] = set()
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6} (.*)", line)):
+            out.add(re.sub(r"[^\w\- ]", "", m[1].strip().lower()).replace(" ", "-"))
+    return out
+
+
+# Each test lives in the folder of its room (pyproject's markers): `pytest -m machine` or
+# `pytest tests/machine` runs the machine's runtime's tests alone.
+ROOMS = ("machine", "build", "ops", "lab", "plugin")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
     for item in items:
-        item.add_marker(ROOM_OF.get(item.path.stem, "build"))
+        room = item.path.relative_to(here).parts[0]
+        if room in ROOMS:
+            item.add_marker(room)

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_image.cause import failure_cause
 from inference_image.ops import bench
 from inference_image.ops.bench import acceptance, engine_counters
+from inference_image.ops.cause import failure_cause
 from inference_image.profiles import (
     ProfileErrors,
     Resolved,

@@ -19,7 +19,7 @@ from typing import Any
 import tenacity
 
 import inference_machine
-from inference_image.cause import failure_cause
+from inference_image.ops.cause import failure_cause
 from inference_machine.bounded_http import fetch
 from inference_machine.contract import ENV
 

@@ -39,11 +39,11 @@ READY_STARTS = ("cold", "warm", "bundle", "readahead", "checkpoint", "restart")
 RESTORED = ("checkpoint", "restart")
 DEFAULT_STARTS = READY_STARTS[:3]
 # The variable the plugin reads its FP8 table's path from (inference_image_vllm.dispatch.table();
-# the CLI does not import the plugin, which lives beside vLLM: tests/test_plugin.py holds the two
+# the CLI does not import the plugin, which lives beside vLLM: tests/plugin/test_plugin.py holds the two
 # names together).
 FP8_TABLE_ENV = "INFERENCE_IMAGE_FP8_TABLE"
 # ... and the file its recorder appends each Triton compile to (inference_image_vllm.triton_kernels;
-# tests/test_triton_kernels.py holds the names together)
+# tests/plugin/test_triton_kernels.py holds the names together)
 TRITON_RECORD_ENV = "INFERENCE_IMAGE_TRITON_RECORD"
 # Step.fp8_table's one value: the table `tune` wrote under --out, measured on this GPU
 FP8_TABLES = ("tuned",)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference_image.cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
+from inference_image.ops.cause import CPU_NO_MEMORY, ROOT_CAUSE, failure_cause
 from inference_machine.bounded_http import fetch
 
 from . import gpu_bench, stacks, trace

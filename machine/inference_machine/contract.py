@@ -3,7 +3,7 @@ environment variable the image's programs, the build host's render, the roles, t
 image's tests, the lab and the scripts share, each written here once with a line saying what it
 is. The render writes it whole into profile.json (`contract`) and the Ansible extra-vars; the
 machine's programs read it from here; everything else reads it from the render.
-tests/test_contract.py fails when one of these literals is restated elsewhere."""
+tests/build/test_contract.py fails when one of these literals is restated elsewhere."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Prometheus target, and Markdown for the evidence ledger.
 
 Each takes the typed values of `inputs` (a plain string is parsed first, so a value that is not
 what its field takes is refused with `inputs.Refused`, never pasted) and escapes what the syntax
-it lands in would read as structure. tests/test_writers.py feeds each the characters of its
+it lands in would read as structure. tests/build/test_writers.py feeds each the characters of its
 syntax."""
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ RUNTIME_PROGRAM_PATHS = [PATHS[k] for k in RUNTIME_PROGRAMS]
 CHECKED_SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads",
                  "num_key_value_heads", "head_dim")
 # The highest `systemd-analyze security` exposure each unit may have (0 closed .. 10 open), from
-# its sandbox (templates/etc/systemd/system/_sandbox.j2; the contract's units): tests/test_units.py
+# its sandbox (templates/etc/systemd/system/_sandbox.j2; the contract's units): tests/build/test_units.py
 # checks the rendered files, the security suite the units as the machine runs them (Debian's nginx
 # unit with its drop-in). docs/decisions.md#unit-sandboxes
 EXPOSURE_CEILINGS = contract.exposure_ceilings()

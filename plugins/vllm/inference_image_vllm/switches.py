@@ -1,6 +1,6 @@
 """The environment variables that turn the plugin's parts on, one name each: the render writes
 them into a unit's environment (inference_image.render.vllm_env, from the profile), the plugin
-reads them here; tests/test_plugin_switches.py holds the two sets equal."""
+reads them here; tests/plugin/test_plugin_switches.py holds the two sets equal."""
 
 FP8_DISPATCH = "INFERENCE_IMAGE_FP8_DISPATCH"            # serving.fp8_gemm_dispatch
 FP8_TABLE = "INFERENCE_IMAGE_FP8_TABLE"                  # the lab's tuned table (never rendered)
@@ -15,7 +15,7 @@ TRITON_KERNELS = "INFERENCE_IMAGE_TRITON_KERNELS"        # serving.triton_precom
 TRITON_RECORD = "INFERENCE_IMAGE_TRITON_RECORD"          # the lab's recording (never rendered)
 # what the machine's runtime gives a start whose checkpoint helper holds its gate (the machine's
 # contract names them: inference_machine.contract.ENV; the plugin, beside vLLM, has not that
-# package, and tests/test_plugin_switches.py holds the two equal)
+# package, and tests/plugin/test_plugin_switches.py holds the two equal)
 CHECKPOINT_TOKEN = "INFERENCE_CHECKPOINT_TOKEN"          # the helper's token through the gate
 CHECKPOINT_GATE = "INFERENCE_CHECKPOINT_GATE"            # the gate's flag file
 

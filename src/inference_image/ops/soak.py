@@ -11,6 +11,7 @@ does not end it; this side polls its output."""
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import shlex
@@ -30,8 +31,10 @@ GROWTH_LIMIT = 0.10  # more than this above minute 1 is a leak, not the warm-up'
 POLL_TIMEOUT_S = 180
 WORK = "/var/tmp/inference-image-soak"
 
-# the load runs on the machine, with the machine's own runtime (inference_machine.soak_load)
-LOAD = f"{PATHS['runtime_venv']}/bin/python -m inference_machine.soak_load"
+# the load runs on the machine, with the machine's own runtime (its bounded HTTP client), from a
+# copy of soak_load.py made for the soak and removed after: no image carries the load
+LOAD_SOURCE = Path(__file__).with_name("soak_load.py")
+LOAD = f"{PATHS['runtime_venv']}/bin/python {WORK}/load.py"
 
 
 class SoakError(Exception):
@@ -87,7 +90,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "`make image`, or give --concurrency") from None
     cfg = {"profile_json": PROFILE_JSON, "out": f"{WORK}/minutes.jsonl",
            "minutes": args.minutes, "concurrency": conc, "max_tokens": args.max_tokens}
-    start = (f"rm -rf {WORK} && mkdir -p {WORK} && "
+    source = base64.b64encode(LOAD_SOURCE.read_bytes()).decode()
+    start = (f"rm -rf {WORK} && mkdir -p {WORK} && echo {source} | base64 -d > {WORK}/load.py && "
              f"setsid nohup {LOAD} {shlex.quote(json.dumps(cfg))} "
              f"> {WORK}/stdout 2>&1 < /dev/null &")
     rc, _ = remote(target, identity, start, timeout=POLL_TIMEOUT_S)

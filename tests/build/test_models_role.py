@@ -15,7 +15,7 @@ from typing import Any
 from inference_image import render
 from inference_image.profiles import resolve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILTER = ROOT / "roles" / "models" / "filter_plugins" / "model_shape.py"
 
 # The 70B's EAGLE-3 head as its checkpoint writes it (LlamaForCausalLMEagle3: no head_dim), and

@@ -8,20 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import anchors
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-
-
-def anchors(page: Path) -> set[str]:
-    out: set[str] = set()
-    fenced = False
-    for line in page.read_text(encoding="utf-8").splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced and (m := re.match(r"#{1,6} (.*)", line)):
-            out.add(re.sub(r"[^\w\- ]", "", m[1].strip().lower()).replace(" ", "-"))
-    return out
 
 
 def test_anchor_rule_is_githubs() -> None:
@@ -78,3 +68,20 @@ def test_the_profile_reference_is_the_schemas_own() -> None:
     undescribed = [ln.split("|")[1].strip() for ln in block.splitlines()[2:]
                    if not ln.rstrip(" |").rsplit("|", 1)[-1].strip()]
     assert undescribed == [], f"fields without a description: {undescribed}"
+
+
+def test_the_references_layout_names_every_top_level_folder_and_package() -> None:
+    """docs/reference.md#layout: a row for each folder the repository tracks at its top and for
+    each Python package, so a reader learns where each runs."""
+    import subprocess
+    text = (ROOT / "docs/reference.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Layout\n"):]
+    layout = layout[:layout.find("\n## ", 5) if "\n## " in layout[5:] else len(layout)]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    folders = {f.split("/", 1)[0] for f in tracked if "/" in f}
+    packages = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/**/__init__.py")
+                if not {"build", "tests", ".venv", "golden"} & set(p.relative_to(ROOT).parts)
+                and ".egg" not in str(p) and "standin" not in p.parts}
+    missing = sorted(f for f in folders | packages if f"`{f}/`" not in layout)
+    assert not missing, f"docs/reference.md#layout names no row for: {missing}"

@@ -44,8 +44,10 @@ def test_load_script_counts_per_minute_through_tls(tmp_path: Path) -> None:
     cfg = {"profile_json": str(m.profile_json), "out": str(out), "minutes": 2,
            "concurrency": 3, "max_tokens": 5, "interval_s": 1}
     with m.serving():
-        assert soak.LOAD.split()[1:] == ["-m", "inference_machine.soak_load"]
-        run = subprocess.run([sys.executable, "-m", "inference_machine.soak_load", json.dumps(cfg)],
+        # the soak's copy of the load, run as the machine's runtime runs it: no image carries it
+        assert soak.LOAD.split()[1] == f"{soak.WORK}/load.py"
+        assert not (Path(__file__).parents[2] / "machine/inference_machine/soak_load.py").exists()
+        run = subprocess.run([sys.executable, str(soak.LOAD_SOURCE), json.dumps(cfg)],
                              capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = [json.loads(ln) for ln in out.read_text().splitlines()]

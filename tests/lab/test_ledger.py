@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_doc_links import anchors
+from conftest import anchors
 
 from inference_image.profiles import resolve
 from inference_lab import cli, ledger

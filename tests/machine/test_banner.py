@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import runtime
+from conftest import ROOT, runtime
 
 from inference_image.profiles import resolve
 from inference_image.render import PATHS, render
@@ -124,7 +124,7 @@ def test_nothing_is_printed_before_first_boot_wrote_the_endpoint(tmp_path: Path,
 def test_the_command_line_prints_the_banner(tmp_path: Path, router: int) -> None:
     """What the rendered update-motd.d script runs: `inference-startup motd` and nothing else,
     everything it shows from the render's profile.json and first boot's endpoint.json."""
-    script = (Path(__file__).parent / "golden" / "h100" / "etc" / "update-motd.d"
+    script = (ROOT / "tests" / "golden" / "h100" / "etc" / "update-motd.d"
               / "90-inference-image").read_text()
     argv = " ".join(line for line in script.splitlines() if not line.startswith("#")).split()
     assert argv == ["exec", PATHS["startup"], "motd", "2>/dev/null", "||", "true"]

@@ -257,7 +257,7 @@ def test_api_key_is_checked_by_nginx_not_passed_on_command_lines(tmp_path):
     for f in units.iterdir():
         assert "api-key" not in f.read_text() and "API_KEY" not in f.read_text(), f.name
     conf = (tmp_path / "etc/nginx/conf.d/inference-image.conf").read_text()
-    assert "include /etc/inference-image/public-listen.nginx;" in conf  # tests/test_tls.py
+    assert "include /etc/inference-image/public-listen.nginx;" in conf  # tests/machine/test_tls.py
     assert "server 127.0.0.1:8001 max_fails=0;" in conf
     assert "include /etc/inference-image/api-key.ngin[x];" in conf
     health, rest = conf.split("location = /health", 1)[1].split("location / {", 1)

@@ -1,6 +1,6 @@
 """inference-join as rendered: how a machine reads its fleet file, and what a worker does with it before
 it reaches a router. Joining a real vllm-router, and a router opening its firewall, are checked on the
-molecule container (image_tests/test_fleet.py)."""
+molecule container (image_tests/ops/test_fleet.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def join(root: Path, fleet: object | None, *args: str) -> subprocess.CompletedPr
 
 def join_recording_nft(root: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     """inference-join with the fleet file as it is and an `nft` stand-in that records its
-    arguments (the real one is the container's, in image_tests/test_fleet.py): the run, the record."""
+    arguments (the real one is the container's, in image_tests/ops/test_fleet.py): the run, the record."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "nft.calls"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "nft").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')

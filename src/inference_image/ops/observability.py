@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .profiles import project_root
+from ..profiles import project_root
 
 ALERTS = Path("docs/operations/alerts.yml")
 DASHBOARD = Path("docs/operations/dashboard.json")

@@ -5,7 +5,7 @@ in make test; the GPU one with the message vLLM raises for an empty KV cache).""
 
 from __future__ import annotations
 
-from inference_image.cause import failure_cause
+from inference_image.ops.cause import failure_cause
 
 
 def log(*lines: str) -> str:

@@ -2,8 +2,8 @@
 each role's user-data), the DigitalOcean API calls `up` makes, and one clear line for each bad
 field. No API is reachable from here: `up`, `status` and `down` run their real pydo client
 against a stand-in of DigitalOcean's API (StandinApi, HTTPS on loopback, the few routes they
-call), which records the calls. The droplets' side: tests/test_join.py and
-image_tests/test_fleet.py."""
+call), which records the calls. The droplets' side: tests/machine/test_join.py and
+image_tests/ops/test_fleet.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`python -m inference_machine.soak_load CONFIG` (inference-image soak, on the machine): load at
+"""`python load.py CONFIG` (inference-image soak copies this file to the machine for the soak's
+length and runs it with the machine's runtime, so no image carries it): load at
 the tier's concurrency through the public port, one JSON line a minute (requests that answered
 and failed, latency percentiles, each service's resident memory), with the machine's bounded
 HTTP client (a request that hangs is cut at its deadline). CONFIG: JSON with profile_json, out,
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 
-from .bounded_http import fetch
+from inference_machine.bounded_http import fetch
 
 
 def main(argv: list[str]) -> None:

@@ -3,7 +3,7 @@ the settings file is checked before anything reaches lego (one line each, naming
 the fix), nothing runs without it or with TLS off, and first boot's endpoint file names the
 domain once inference-acme has installed its certificate. The issuance itself (lego against a
 real ACME server, pebble, with the HTTP-01 check over port 80) runs in the molecule scenario:
-image_tests/test_acme.py."""
+image_tests/machine/test_acme.py."""
 
 from __future__ import annotations
 

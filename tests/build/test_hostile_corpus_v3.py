@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.hostile
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "tests" / "hostile3"
 W, H = Path("/tmp/hostile3-work"), Path("/tmp/hostile3")
 # what the cases reach of the project through H (lib.sh: PATH, PYTHONPATH, home())

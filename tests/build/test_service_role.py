@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "inference_service"
 LISTED = "List the rendered files"
 FIRST, LAST = "Make a scratch directory on the controller", "Install the rendered files"

@@ -27,7 +27,7 @@ import pytest
 LIBC = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
 pytestmark = pytest.mark.hostile
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "tests" / "hostile"
 W, H = Path("/tmp/hostile-work"), Path("/tmp/hostile")
 LIMIT_S = 15

@@ -97,7 +97,7 @@ def test_markdown_and_recorded_proof_has_the_required_keys():
     md = bench.markdown([bench.row_from_result({"output_throughput": 5}, "chat", 1, "x")])
     assert md.splitlines()[2].startswith("| x | chat | 1 | 5.0 |")
     assert "| gap between chunks p99 ms |" in md.splitlines()[0]  # vLLM's ITL, named for what it is
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proofs = sorted((root / "docs" / "benchmarks").glob("*-gpu-proof.json"))
     assert proofs
     for p in proofs:  # the bench's rows, as the ledger's schema holds them (one machine a record)

@@ -70,7 +70,7 @@ def test_the_documented_targets_are_what_a_one_instance_tier_serves() -> None:
 def test_the_shipped_alert_rules_are_ones_prometheus_takes(tmp_path: Path) -> None:
     """docs/operations/alerts.yml passes `promtool check rules`; each rule says what is wrong
     (summary) and how bad (severity), and reads metrics the image tests can look for."""
-    from inference_image.observability import ALERTS, metric_names, rules_metrics
+    from inference_image.ops.observability import ALERTS, metric_names, rules_metrics
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: apt-get install prometheus (make deps installs it)"
     run = subprocess.run([promtool, "check", "rules", str(ROOT / ALERTS)], capture_output=True,
@@ -92,7 +92,7 @@ def test_the_shipped_alert_rules_are_ones_prometheus_takes(tmp_path: Path) -> No
 def test_every_dashboard_query_is_promql_prometheus_parses(tmp_path: Path) -> None:
     """docs/operations/dashboard.json: each panel has a query, each query parses (promtool, as a
     recording rule), and the dashboard picks its Prometheus and machines by variables."""
-    from inference_image.observability import DASHBOARD, dashboard_as_rules, dashboard_metrics
+    from inference_image.ops.observability import DASHBOARD, dashboard_as_rules, dashboard_metrics
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: apt-get install prometheus (make deps installs it)"
     rules = tmp_path / "dashboard-rules.yml"
@@ -138,7 +138,7 @@ def test_every_gpu_series_a_rule_or_panel_reads_is_one_the_exporter_is_started_w
     """The GPU rules read DCGM fields: each is in the counters file the observability role
     starts NVIDIA's exporter with (a field left out there is a series nobody serves), and that
     file is what the role's drop-in names."""
-    from inference_image.observability import (
+    from inference_image.ops.observability import (
         DCGM_COUNTERS,
         DCGM_NVSWITCH_COUNTERS,
         DCGM_PREFIX,
