@@ -157,11 +157,11 @@ DIGEST_AT_DEFAULT: dict[str, Any] = {"serving.engine_process": "spawn",
                                      "serving.checkpoint_weights": "host",
                                      "serving.cudagraph_prefill_step": None,
                                      "router.scrape": True}
-# Fields of what the image holds beside the serving stack (GPU telemetry, the firewall) or of how
-# a start builds what it serves (the same kernels, compiled in parallel), which serve the same
-# whatever their value: never in the digest, so neither the ledger's records nor a warm-cache
-# bundle's key depend on them.
-DIGEST_OMITS = frozenset({"versions.dcgm", "router.connections_per_address",
+# Fields of what the image holds beside the serving stack (GPU telemetry, the firewall), of how
+# a start builds what it serves (the same kernels, compiled in parallel), or of what the router does
+# only while no instance can take a request (its hold), which serve the same whatever their value:
+# never in the digest, so neither the ledger's records nor a warm-cache bundle's key depend on them.
+DIGEST_OMITS = frozenset({"versions.dcgm", "router.connections_per_address", "router.hold_s",
                           "serving.parallel_compile", "serving.triton_precompile"})
 
 

@@ -358,8 +358,29 @@ def router_argv(r: Resolved, fleet: bool = False) -> list[str]:
              "--health-check-interval-secs", str(rt.health_check_interval_secs),
              "--worker-startup-timeout-secs", str(LIMITS["start_timeout_s"]),
              "--worker-startup-check-interval", str(LIMITS["router_startup_check_s"]),
+             *router_hold(rt.hold_s, one_worker=not fleet and len(r.instances) == 1),
              "--log-level", "info"]
     return argv
+
+
+# vllm-router's retries as a hold (docs/benchmarks.md#2026-12-08-router-hold): a first retry after
+# half a second, each later one 1.5 times later, at most 2 s apart, until their sum passes hold_s
+HOLD_FIRST_MS, HOLD_GROWTH, HOLD_MAX_MS = 500, 1.5, 2000
+
+
+def router_hold(hold_s: int, one_worker: bool) -> list[str]:
+    """The router's retry flags that hold a request for `hold_s` seconds before its 503. Before
+    one worker the circuit breaker goes: open, it would answer every request at once with nothing
+    to route around to, after the worker is back too."""
+    if not hold_s:
+        return []
+    waits, total = 0, 0.0
+    while total < hold_s * 1000:
+        total += min(HOLD_FIRST_MS * HOLD_GROWTH ** waits, HOLD_MAX_MS)
+        waits += 1
+    return ["--retry-max-retries", str(waits + 1), "--retry-initial-backoff-ms", str(HOLD_FIRST_MS),
+            "--retry-backoff-multiplier", str(HOLD_GROWTH), "--retry-max-backoff-ms",
+            str(HOLD_MAX_MS), *(["--disable-circuit-breaker"] if one_worker else [])]
 
 
 def router_env(r: Resolved, unit: str = "router") -> dict[str, str]:

@@ -387,6 +387,11 @@ class Router(Strict):
     metrics_port: Port = Field(29000, description="vllm-router's Prometheus port, loopback")
     health_check_interval_secs: int = Field(5, ge=1, le=3600, description="how often "
                                             "vllm-router checks each instance's /health")
+    hold_s: int = Field(
+        90, ge=0, le=3600, description="how long vllm-router holds a request that no instance can "
+        "take yet (one restarting, restored, or its gate closed for a checkpoint) and sends it again, "
+        "before the client gets 503: only a request that had not started streaming (0: the router's "
+        "defaults, a request sent while the tier's only instance is down fails at once)")
     tls: Literal["self-signed", "off"] = Field(
         "self-signed", description="the public port's TLS: a certificate made per machine at first "
         "boot, or plain HTTP (behind a TLS-terminating load balancer); user-data can override it")

@@ -496,6 +496,33 @@ def test_the_router_asks_a_starting_instance_every_second(fleet: bool) -> None:
     assert argv[argv.index("--worker-startup-check-interval") + 1] == "1", argv
 
 
+@pytest.mark.parametrize(("tier", "sets", "fleet", "breaker"), [
+    ("h100", (), False, False), ("h200", ("router.hold_s=30",), False, False),
+    ("cpu", (), False, True), ("h100", (), True, True)])
+def test_the_router_holds_what_no_instance_can_take_for_hold_s(tier, sets, fleet, breaker) -> None:
+    """vllm-router sends a request again, with backoff, until its waits add up to router.hold_s
+    (a restart, a restore, a closed gate; docs/benchmarks.md#2026-12-08-router-hold): the first
+    after half a second, none more than 2 s apart. Before one instance its circuit breaker goes
+    (open, it answers every request at once); before several, or a fleet's workers, it stays and
+    sends the request to another. hold_s 0 leaves the router's own defaults."""
+    r = resolve(tier, ROOT / "profiles", overrides=list(sets))
+    argv = render_mod.router_argv(r, fleet=fleet)
+
+    def flag(name: str) -> float:
+        return float(argv[argv.index(name) + 1])
+    attempts = int(flag("--retry-max-retries"))
+    first, growth, cap = (flag("--retry-initial-backoff-ms"), flag("--retry-backoff-multiplier"),
+                          flag("--retry-max-backoff-ms"))
+    waits = [min(first * growth ** i, cap) for i in range(attempts - 1)]
+    hold_ms = r.profile.router.hold_s * 1000
+    assert sum(waits) >= hold_ms > sum(waits[:-1]), (waits, hold_ms)
+    assert (first, cap) == (500, 2000)
+    assert ("--disable-circuit-breaker" in argv) is not breaker
+    off = render_mod.router_argv(resolve(tier, ROOT / "profiles", [*sets, "router.hold_s=0"]),
+                                 fleet=fleet)
+    assert not any(a.startswith(("--retry", "--disable-circuit")) for a in off), off
+
+
 def test_graph_sizes_past_the_decode_steps_are_spaced_by_the_prefill_step() -> None:
     def sizes(*sets: str) -> list[int] | None:
         argv = h100_argv(*sets)
