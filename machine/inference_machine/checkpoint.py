@@ -85,9 +85,11 @@ RELOAD_S = 900
 # cache only once they are read back (reload)
 WAKE = {"host": "/wake_up", "files": "/wake_up?tags=weights"}
 # the header that takes the checkpoint's own requests through the instance's gate (the plugin's
-# gate.py) while it answers every other request 503: a checkpoint is taken before any client's
-# request, and a restored instance serves only once it has given its reference answer again
+# gate.py) while it answers every other request 503: a checkpoint is taken with no client's
+# request inside, and a restored instance serves only once it has given its reference answer again
 GATE_HEADER = "X-Inference-Checkpoint"
+# the gate's count of the clients' requests inside the instance, to the token alone
+GATE_STATE = "/inference-gate"
 
 
 @dataclass(frozen=True)

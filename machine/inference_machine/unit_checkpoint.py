@@ -10,10 +10,14 @@ in a file only that process's user reads:
   reference answer again; inference-run becomes `inference-startup follow HEAD`.
 - `PID cold TOKEN`: there was none, or it was refused (one line saying why; a refused one is
   removed). inference-run starts vLLM with its gate closed to everything but TOKEN; once it
-  answers, the helper takes a checkpoint of it and then opens the gate. So no client's request
-  ever reaches an instance before its checkpoint is written, and nothing of one is in it. A take
-  that leaves the instance unable to serve as before (its weights not read back from its files)
-  stops it, and is not tried again under the same key: the unit's restart serves cold.
+  answers, the helper opens the gate, so the first answer comes as soon as it would without
+  checkpoints. At the instance's first idle moment (no client's request inside it for IDLE_S) the
+  helper shuts the gate again (requests meanwhile get 503 with Retry-After, which the router
+  holds), drains what is inside, takes the checkpoint and opens the gate: nothing of a client's
+  request is in it. A request still inside after DRAIN_S abandons that try, the gate open at
+  once, for the next idle moment. A take that leaves the instance unable to serve as before (its
+  weights not read back from its files) stops it, and is not tried again under the same key: the
+  unit's restart serves cold.
 
 Without systemd (a container, the GPU machine) inference-run, as root, starts the helper itself
 with --pid. Stdlib only."""
@@ -33,6 +37,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import boundary, checkpoint
@@ -44,6 +49,12 @@ from .inputs import printable
 
 # how long the helper waits for the start's main process to exist, and for a cold start to answer
 MAIN_PID_WAIT_S = 60.0
+# an idle moment: no client's request inside the instance for this long (the take waits for one)
+IDLE_S = 3.0
+# once the gate shuts, how long requests already inside may take to end before the take is
+# abandoned for the next idle moment (a long generation is not cut short for a checkpoint)
+DRAIN_S = 5.0
+POLL_S = 0.25
 WORD = "{instance}.word"
 GATE_OPEN = "{instance}.open"
 # beside the checkpoints: a take that stopped its instance, with the key it was taken under
@@ -155,6 +166,67 @@ def answers(port: int, token: str) -> bool:
         return fetch(f"http://127.0.0.1:{port}/health", deadline_s=5,
                      headers={checkpoint.GATE_HEADER: token}).status == 200
     return False
+
+
+def shut_gate(run: Path, instance: str) -> None:
+    boundary.remove(root_folder(run) / GATE_OPEN.format(instance=instance))
+
+
+def inflight(port: int, token: str) -> int | None:
+    """The clients' requests inside the instance, as its gate counts them (None: no answer)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        a = fetch(f"http://127.0.0.1:{port}{checkpoint.GATE_STATE}", deadline_s=5,
+                  headers={checkpoint.GATE_HEADER: token})
+        if a.status == 200:
+            return int(json.loads(a.body)["inflight"])
+    return None
+
+
+def quiet_for(port: int, token: str, pid: int, quiet_s: float) -> bool:
+    """Until no client's request has been inside the instance for `quiet_s` seconds; False if its
+    process went first."""
+    since: float | None = None
+    while checkpoint.alive(pid):
+        now = time.monotonic()
+        if inflight(port, token) == 0:
+            since = now if since is None else since
+            if now - since >= quiet_s:
+                return True
+        else:
+            since = None
+        time.sleep(POLL_S)
+    return False
+
+
+def drained(port: int, token: str, wait_s: float) -> bool:
+    """Until no client's request is inside the instance, within `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if inflight(port, token) == 0:
+            return True
+        time.sleep(POLL_S)
+    return inflight(port, token) == 0
+
+
+def take_when_idle(instance: str, run: Path, port: int, token: str, pid: int,
+                   take: Callable[[], None], idle_s: float = IDLE_S,
+                   drain_s: float = DRAIN_S) -> int:
+    """The take at the instance's first idle moment, behind its shut gate (module doc): the
+    tries a request abandoned before the one that ran; -1 if the instance went first."""
+    abandoned = 0
+    while quiet_for(port, token, pid, idle_s):
+        shut_gate(run, instance)
+        try:
+            if not drained(port, token, drain_s):
+                abandoned += 1
+                say(instance, "a request was still inside as the gate shut: the take waits for "
+                    "the next idle moment")
+                continue
+            take()
+            return abandoned
+        finally:
+            open_gate(run, instance)
+    return -1
 
 
 def wait_answering(port: int, token: str, pid: int, wait_s: float) -> bool:
@@ -302,6 +374,10 @@ def _helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str, p
             say(instance, f"serves without a checkpoint: a take under this key stopped the "
                 f"instance before ({failed[:300]})")
             return 0
+    finally:
+        open_gate(run, instance)  # clients first: the take waits for an idle moment
+
+    def take() -> None:
         t = Timings()
         try:
             m = checkpoint.take(pid, port, model, dest, key, criu, t, token=token,
@@ -316,12 +392,15 @@ def _helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str, p
             say(instance, f"serves without a checkpoint: taking one failed: {str(exc)[:600]}")
         else:
             left = m.get("released") or {}
-            say(instance, f"checkpoint taken before any request: {m['bytes'] / 2**20:,.0f} MiB "
-                f"in {len(m['files'])} files ({phases_line(t.phases)})" + (
+            say(instance, f"checkpoint taken at an idle moment, behind the shut gate: "
+                f"{m['bytes'] / 2**20:,.0f} MiB in {len(m['files'])} files "
+                f"({phases_line(t.phases)})" + (
                     f"; {left.get('bytes', 0) / 2**20:,.0f} MiB of weights left to the model's "
                     f"files, read again at each wake" if m.get("weights") == "files" else ""))
-    finally:
-        open_gate(run, instance)
+
+    say(instance, "serves; its checkpoint is taken at its first idle moment")
+    if take_when_idle(instance, run, port, token, pid, take) < 0:
+        say(instance, "its process ended before an idle moment: no checkpoint taken")
     return 0
 
 

@@ -25,6 +25,7 @@ from conftest import ROOT
 from test_unit_checkpoint import CHECKPOINTS, STANDIN, _resolved
 
 from inference_image.render import PATHS, RUNTIME_PROGRAM_PATHS, SERVICE_USER, render
+from inference_machine import unit_checkpoint
 
 IMAGE = os.environ.get("INFERENCE_SYSTEMD_IMAGE", "")
 pytestmark = pytest.mark.skipif(not IMAGE or not shutil.which("podman"),
@@ -128,6 +129,12 @@ def test_a_start_asks_its_root_helper_and_serves_behind_its_gate_until_it_opens(
     sh("systemctl", "start", "vllm@vllm-0.service", timeout=180)  # returns once READY: gate open
     helper = journal("inference-checkpoint@vllm-0.service")
     assert f"starts without its checkpoint: no checkpoint at {store}/vllm-0" in helper, helper
+    # the take comes at the first idle moment after the gate opened, not before it
+    assert "taking one failed" not in helper, helper
+    deadline = time.monotonic() + unit_checkpoint.IDLE_S + 30
+    while "taking one failed" not in helper and time.monotonic() < deadline:
+        time.sleep(1)
+        helper = journal("inference-checkpoint@vllm-0.service")
     assert "serves without a checkpoint: taking one failed: no CUDA driver" in helper, helper
     main = sh("systemctl", "show", "-p", "MainPID", "--value", "vllm@vllm-0.service").strip()
     word = f"{PATHS['checkpoint_run']}/vllm-0.word"

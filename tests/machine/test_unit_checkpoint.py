@@ -97,6 +97,9 @@ def test_a_take_that_stops_its_instance_is_not_tried_again_under_the_same_key(
     key = {"driver": "580"}
     monkeypatch.setattr(checkpoint, "checkpoint_key", lambda *a: dict(key))
     monkeypatch.setattr(unit_checkpoint, "wait_answering", lambda *a: True)
+    # the stand-in serves no gate: idle at once, nothing inside
+    monkeypatch.setattr(unit_checkpoint, "quiet_for", lambda *a: True)
+    monkeypatch.setattr(unit_checkpoint, "drained", lambda *a: True)
     taken: list[str] = []
 
     def take(*_: object, weights: str, **__: object) -> dict[str, Any]:
@@ -190,8 +193,14 @@ def test_the_gate_answers_503_to_all_but_the_token_until_its_flag_exists(
     assert _call(gate, "/sleep", token="s3cret")[0] == 200
     flag.touch()
     assert _call(gate, "/v1/chat/completions")[0] == 200
-    flag.unlink()
-    assert _call(gate)[0] == 200  # open once opened: the flag is read until then only
+    flag.unlink()  # shut again for a take at an idle moment
+    assert _call(gate, "/v1/chat/completions")[0] == 503
+    assert _call(gate, "/v1/completions", token="s3cret")[0] == 200
+    flag.touch()
+    assert _call(gate)[0] == 200
+    # how many clients' requests are inside: to the token alone
+    assert _call(gate, "/inference-gate")[0] == 403
+    assert _call(gate, "/inference-gate", token="s3cret")[0] == 200
     # vLLM's dev routes need the token, open or not
     assert [_call(gate, path)[0] for path in ("/sleep", "/collective_rpc", "/wake_up/")] == \
         [403, 403, 403]
@@ -199,6 +208,117 @@ def test_the_gate_answers_503_to_all_but_the_token_until_its_flag_exists(
     monkeypatch.delenv("INFERENCE_CHECKPOINT_TOKEN")
     no_gate = Gate(None)  # type: ignore[arg-type]
     assert _call(no_gate)[0] == 200 and _call(no_gate, "/sleep")[0] == 403
+
+
+class _Served:
+    """The plugin's real gate before an app that answers after X-Sleep seconds, served over HTTP
+    on loopback in this process, as vLLM's API server serves it."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        import http.server
+        import threading
+        self.run, self.token = tmp_path / "run", "t0ken"
+        self.run.mkdir(mode=0o755)
+        monkeypatch.setenv("INFERENCE_CHECKPOINT_TOKEN", self.token)
+        monkeypatch.setenv("INFERENCE_CHECKPOINT_GATE", str(self.run / "vllm-0.open"))
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            wait = dict(scope["headers"]).get(b"x-sleep", b"0")
+            await asyncio.sleep(float(wait))
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+        gate = self.gate = Gate(app)
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def _serve(self) -> None:
+                got: list[dict[str, Any]] = []
+
+                async def receive() -> dict[str, Any]:
+                    return {"type": "http.request", "body": b""}
+
+                async def send(m: dict[str, Any]) -> None:
+                    got.append(m)
+                scope = {"type": "http", "path": self.path, "headers": [
+                    (k.lower().encode(), v.encode()) for k, v in self.headers.items()]}
+                asyncio.run_coroutine_threadsafe(gate(scope, receive, send), loop).result(30)
+                self.send_response(got[0]["status"])
+                self.end_headers()
+                self.wfile.write(b"".join(m.get("body", b"") for m in got[1:]))
+            do_GET = do_POST = _serve
+
+            def log_message(self, *a: Any) -> None:
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        unit_checkpoint.open_gate(self.run, "vllm-0")
+
+    def client(self, sleep_s: float = 0.0) -> int:
+        return fetch(f"http://127.0.0.1:{self.port}/v1/completions", deadline_s=30,
+                     method="POST", body=b"{}", headers={"X-Sleep": str(sleep_s)}).status
+
+
+def test_the_take_waits_for_an_idle_moment_behind_the_shut_gate_then_serves_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold start answers clients at once; its take waits until no client's request has been
+    inside for the idle time, runs behind the shut gate (a client meanwhile gets 503 with
+    Retry-After, never a hang), and the gate opens after it."""
+    import threading
+    s = _Served(tmp_path, monkeypatch)
+    assert s.client() == 200  # served before any take
+    busy = threading.Thread(target=s.client, args=(1.5,))
+    busy.start()
+    time.sleep(0.2)
+    seen: dict[str, Any] = {}
+
+    def take() -> None:
+        seen["inside"] = unit_checkpoint.inflight(s.port, s.token)
+        seen["client"] = s.client()
+        seen["at"] = time.monotonic()
+    t0 = time.monotonic()
+    assert unit_checkpoint.take_when_idle("vllm-0", s.run, s.port, s.token, os.getpid(), take,
+                                          idle_s=0.5, drain_s=1.0) == 0
+    busy.join()
+    # after the busy request's end and a quiet half second; nothing inside; a client refused
+    assert seen["at"] - t0 >= 1.3 + 0.5 and seen["inside"] == 0 and seen["client"] == 503
+    assert (s.run / "vllm-0.open").exists() and s.client() == 200
+    s.server.shutdown()
+
+
+def test_a_request_inside_as_the_gate_shuts_abandons_the_take_until_the_next_idle_moment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's request that came in as the idle moment was seen (the race the drain is for)
+    is still inside past the drain: that try is abandoned and the gate opens at once, with no
+    take; the next idle moment's take runs, and the request was answered whole."""
+    import threading
+    s = _Served(tmp_path, monkeypatch)
+    answered: list[int] = []
+    slow = threading.Thread(target=lambda: answered.append(s.client(2.0)))
+    slow.start()
+    time.sleep(0.2)
+    quiet = unit_checkpoint.quiet_for
+    calls: list[float] = []
+
+    def seen_idle_once(port: int, token: str, pid: int, quiet_s: float) -> bool:
+        calls.append(time.monotonic())  # the first: an idle moment seen just before it came
+        return True if len(calls) == 1 else quiet(port, token, pid, quiet_s)
+    monkeypatch.setattr(unit_checkpoint, "quiet_for", seen_idle_once)
+    opened_between: list[bool] = []
+    takes: list[int | None] = []
+
+    def take() -> None:
+        takes.append(unit_checkpoint.inflight(s.port, s.token))
+    said: list[str] = []
+    monkeypatch.setattr(unit_checkpoint, "say", lambda _i, text: said.append(text))
+    abandoned = unit_checkpoint.take_when_idle("vllm-0", s.run, s.port, s.token, os.getpid(),
+                                               take, idle_s=0.3, drain_s=0.5)
+    opened_between.append((s.run / "vllm-0.open").exists())
+    slow.join()
+    assert abandoned == 1 and takes == [0] and answered == [200], (abandoned, takes, answered)
+    assert len(calls) == 2 and any("next idle moment" in t for t in said), said
+    assert opened_between == [True]
 
 
 def test_the_follower_hands_a_stop_to_the_restored_tree_and_ends_with_it() -> None:
@@ -313,7 +433,8 @@ def test_inference_run_starts_cold_behind_its_gate_saying_why_when_it_cannot_res
         word = (run / "vllm-0.word").read_text().split()
         assert word[:2] == [str(proc.pid), "cold"] and len(word[2]) == 32
         assert oct((run / "vllm-0.word").stat().st_mode & 0o777) == "0o400"
-        time.sleep(1)
+        # a client was answered before any take: the take waits for an idle moment
+        time.sleep(unit_checkpoint.IDLE_S + 2)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=30)[0]

@@ -48,3 +48,8 @@ def test_the_checkpoint_gates_names_are_the_machines() -> None:
     from inference_machine.contract import ENV
     assert (ENV.checkpoint_token, ENV.checkpoint_gate) == \
         (switches.CHECKPOINT_TOKEN, switches.CHECKPOINT_GATE)
+    # and the helper speaks to the gate by the gate's header and its count's path
+    from inference_image_vllm import gate
+    from inference_machine import checkpoint
+    assert (checkpoint.GATE_HEADER.lower().encode(), checkpoint.GATE_STATE) == \
+        (gate.HEADER, gate.STATE_PATH)
