@@ -320,6 +320,7 @@ def test_a_field_added_at_the_value_that_serves_as_before_keeps_the_profiles_dig
     # what the image holds beside serving (DCGM's release, the firewall's cap) and how a start
     # builds the same kernels are in no digest, whatever their value
     values = {"versions.dcgm": ['"5"', "null"], "router.connections_per_address": ["0", "64"],
+              "router.hold_s": ["0", "30"],
               "serving.parallel_compile": ["true", "false"],
               # true asks for a recorded kernel list, which h100x8 has none of
               "serving.triton_precompile": ["false"]}
