@@ -55,6 +55,8 @@ IDLE_S = 3.0
 # abandoned for the next idle moment (a long generation is not cut short for a checkpoint)
 DRAIN_S = 5.0
 POLL_S = 0.25
+# the gate's count unanswered this many times in a row: it has none, so no take
+UNANSWERED_MAX = 3
 WORD = "{instance}.word"
 GATE_OPEN = "{instance}.open"
 # beside the checkpoints: a take that stopped its instance, with the key it was taken under
@@ -186,9 +188,15 @@ def quiet_for(port: int, token: str, pid: int, quiet_s: float) -> bool:
     """Until no client's request has been inside the instance for `quiet_s` seconds; False if its
     process went first."""
     since: float | None = None
+    unanswered = 0
     while checkpoint.alive(pid):
         now = time.monotonic()
-        if inflight(port, token) == 0:
+        n = inflight(port, token)
+        # an instance whose gate does not say what is inside cannot be drained: no take
+        unanswered = unanswered + 1 if n is None else 0
+        if unanswered >= UNANSWERED_MAX:
+            return False
+        if n == 0:
             since = now if since is None else since
             if now - since >= quiet_s:
                 return True
@@ -400,7 +408,8 @@ def _helper(instance: str, units: Path, store: Path, run: Path, criu_bin: str, p
 
     say(instance, "serves; its checkpoint is taken at its first idle moment")
     if take_when_idle(instance, run, port, token, pid, take) < 0:
-        say(instance, "its process ended before an idle moment: no checkpoint taken")
+        say(instance, "serves without a checkpoint: its process ended, or its gate did not say "
+            "what is inside, before an idle moment")
     return 0
 
 
